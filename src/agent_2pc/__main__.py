@@ -1,0 +1,6 @@
+"""agent-2pc command line: python -m agent_2pc ..."""
+import sys
+
+from .cli.main import main
+
+sys.exit(main())

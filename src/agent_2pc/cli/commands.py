@@ -1,0 +1,277 @@
+"""The CLI's command table: each command parses, calls the library, and names its renderer.
+
+Results are the library's dicts; cli/output.py adds ``ok`` and prints JSON or text.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import UsageError
+from .args import FLAG, Command, Opt, int_arg
+from .fence import FENCE
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+TID = Opt("--tid", required=True, metavar="TID", help="the transaction id")
+PATH = Opt("--path", required=True, metavar="PATH", help="a path relative to the root")
+
+
+def octal_mode(value: str) -> int:
+    try:
+        return int(value, 8)
+    except ValueError:
+        raise UsageError(f"--mode takes an octal permission like 0644 or 0755, not {value!r}"
+                         ) from None
+
+
+def _read_source(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror}", path=path) from None
+
+
+# -- runners ---------------------------------------------------------------------------------
+
+
+def run_init(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..storage.workspace import init
+
+    return {"root": init(args["root"] or os.environ.get("AGENT2PC_ROOT") or os.getcwd())}
+
+
+def run_begin(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.begin(timeout_ms=args["timeout_ms"], label=args["label"])
+
+
+def run_record_read(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.record_read(args["tid"], args["path"])
+
+
+def run_stage_write(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    engine = ctx.client().engine
+    if args["content"] is not None:
+        return engine.stage_write(args["tid"], args["path"], args["content"].encode(
+            "utf-8", "surrogateescape"), mode=args["mode"])
+    fd = 0 if args["stdin"] else _read_source(args["from_file"])
+    try:
+        return engine.stage_write(args["tid"], args["path"], src_fd=fd, mode=args["mode"])
+    finally:
+        if fd:
+            os.close(fd)
+
+
+def run_stage_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.stage_delete(args["tid"], args["path"])
+
+
+def run_stage_replace(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.stage_replace(args["tid"], args["path"], args["old"],
+                                             args["new"], all=args["all"])
+
+
+def _read_text_input(args: dict[str, Any], file_key: str) -> bytes:
+    if args.get("stdin"):
+        import sys
+
+        return sys.stdin.buffer.read()
+    fd = _read_source(args[file_key])
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        os.close(fd)
+
+
+def run_stage_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    patch = _read_text_input(args, "patch_file")
+    return ctx.client().engine.stage_patch(args["tid"], patch)
+
+
+def run_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.diff(args["tid"], stat_only=args["stat"])
+
+
+def run_status(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.status(args["tid"])
+
+
+def run_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..core.states import STATES
+
+    if args["state"] is not None and args["state"] not in STATES:
+        raise UsageError(f"--state is one of {', '.join(STATES)}")
+    return {"transactions": ctx.client().engine.transactions(args["state"])}
+
+
+def run_savepoint(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.savepoint(args["tid"], args["name"])
+
+
+def run_rollback_to(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.rollback_to(args["tid"], args["name"])
+
+
+def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.commit(args["tid"])
+
+
+def run_abort(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.abort(args["tid"], args["reason"])
+
+
+def run_recover(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.recover()
+
+
+def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.compact()
+
+
+def run_batch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..coordinator.batch import run_batch as run
+
+    source = "-" if args["file"] == "-" else args["file"]
+    data = _read_text_input({"stdin": source == "-", "file": source}, "file")
+    return run(ctx.client(), data)
+
+
+def run_demo(ctx: Any, args: dict[str, Any]) -> None:
+    from ..demo import main as demo
+
+    demo(keep=args["keep"])
+    return None
+
+
+# -- text renderers --------------------------------------------------------------------------
+
+
+def text_begin(r: dict[str, Any]) -> str:
+    return str(r["tid"])
+
+
+def text_staged(r: dict[str, Any]) -> str:
+    extra = (f" ({r['bytes']} bytes)" if "bytes" in r else
+             f" ({r['replacements']} replacement{'s' if r['replacements'] != 1 else ''})"
+             if "replacements" in r else "")
+    return f"staged {r['op']} {r['path']}{extra}"
+
+
+def text_patch(r: dict[str, Any]) -> str:
+    return "staged patch: " + ", ".join(r["files"])
+
+
+def text_diff(r: dict[str, Any]) -> str:
+    return str(r["diff"]) if r["files"] else "(no changes)"
+
+
+def text_transactions(r: dict[str, Any]) -> str:
+    rows = r["transactions"]
+    if not rows:
+        return "(no transactions)"
+    lines = []
+    for t in rows:
+        label = f"  {t['label']}" if t.get("label") else ""
+        lines.append(f"{t['tid']}  {t['state']:<10} {t.get('ops', 0):>4} ops  "
+                     f"{t.get('created_at') or ''}{label}")
+        for f in t.get("files", []) if len(rows) == 1 else []:
+            lines.append(f"    {f['op']:<6} {f['path']}" if isinstance(f, dict) else f"    {f}")
+        if len(rows) == 1 and t.get("reason"):
+            lines.append(f"    reason: {t['reason']}")
+    return "\n".join(lines)
+
+
+def text_outcome(r: dict[str, Any]) -> str:
+    files = r.get("files")
+    tail = f": {len(files)} file{'s' if len(files) != 1 else ''}" if files is not None else ""
+    out = f"{r['state']} {r['tid']}{tail}"
+    if r.get("diverged"):
+        out += "\nleft as another writer put them (diverged): " + ", ".join(r["diverged"])
+    return out
+
+
+def text_recover(r: dict[str, Any]) -> str:
+    def names(key: str) -> str:
+        return ", ".join(r[key]) or "none"
+
+    return (f"rolled forward: {names('rolled_forward')}\nrolled back: {names('rolled_back')}\n"
+            f"torn log tail cut: {r['truncated_bytes']} bytes")
+
+
+def text_batch(r: dict[str, Any]) -> str:
+    lines = [f"{r['state']} {r['tid']}"]
+    for s in r["steps"]:
+        lines.append(f"  step {s['index']}: {s['type']} {'ok' if s['ok'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
+# -- the table -------------------------------------------------------------------------------
+
+COMMANDS: tuple[Command, ...] = (
+    Command("init", "create the workspace (.agent-tx/) at the root; idempotent", run_init,
+            extra={"text": lambda r: f"workspace ready at {r['root']}"}),
+    Command("begin", "start a transaction and print its id", run_begin, (
+        Opt("--timeout-ms", type=int_arg, metavar="N",
+            help="abort it if not committed within N ms (default 24 h; 0: never)"),
+        Opt("--label", metavar="S", help="a note shown by status and list")),
+        extra={"text": text_begin}),
+    Command("record-read", "remember a file's content hash; commit aborts if it changes",
+            run_record_read, (TID, PATH), extra={"text": lambda r: f"{r['path']} "
+                                                 f"{r['sha256'] or '(absent)'}"}),
+    Command("stage-write", "stage a file's new content (text or binary)", run_stage_write, (
+        TID, PATH,
+        Opt("--content", metavar="S", help="the content, as text"),
+        Opt("--from-file", metavar="F", help="read the content from file F (streamed)"),
+        Opt("--stdin", FLAG, help="read the content from standard input (streamed)"),
+        Opt("--mode", type=octal_mode, metavar="0755",
+            help="permissions (default: keep the file's, 0644 for a new one)")),
+        one_of=(("content", "from_file", "stdin"),), extra={"text": text_staged}),
+    Command("stage-delete", "stage the deletion of a file", run_stage_delete, (TID, PATH),
+            extra={"text": text_staged}),
+    Command("stage-replace", "stage a text replacement in a file (unique match unless --all)",
+            run_stage_replace, (
+                TID, PATH,
+                Opt("--old", required=True, metavar="S", help="the text to find"),
+                Opt("--new", required=True, metavar="S", help="the text to put instead"),
+                Opt("--all", FLAG, help="replace every occurrence")),
+            extra={"text": text_staged}),
+    Command("stage-patch", "stage a unified diff (git or plain; multi-file)", run_stage_patch, (
+        TID,
+        Opt("--patch-file", metavar="F", help="read the diff from file F"),
+        Opt("--stdin", FLAG, help="read the diff from standard input")),
+        one_of=(("patch_file", "stdin"),), extra={"text": text_patch}),
+    Command("diff", "show what the transaction would change", run_diff, (
+        TID, Opt("--stat", FLAG, help="a summary per file instead of the diff")),
+        extra={"text": text_diff}),
+    Command("status", "show live transactions, or one in detail", run_status, (
+        Opt("--tid", metavar="TID", help="show this transaction in detail"),),
+        extra={"text": text_transactions}),
+    Command("list", "list transactions, finished ones included", run_list, (
+        Opt("--state", metavar="S", help="only those in state S (active, committed, ...)"),),
+        extra={"text": text_transactions}),
+    Command("savepoint", "mark a point to roll back to", run_savepoint, (
+        TID, Opt("--name", required=True, metavar="N", help="the savepoint's name")),
+        extra={"text": lambda r: f"savepoint {r['name']}"}),
+    Command("rollback-to", "undo what was staged after a savepoint", run_rollback_to, (
+        TID, Opt("--name", required=True, metavar="N", help="the savepoint's name")),
+        extra={"text": lambda r: f"rolled back to {r['name']}"}),
+    Command("commit", "prepare and commit atomically (exit 1 if it aborts)", run_commit,
+            (TID,), extra={"text": text_outcome}),
+    Command("abort", "abort: nothing staged reaches the tree", run_abort, (
+        TID, Opt("--reason", metavar="S", help="why (kept in the history)")),
+        extra={"text": text_outcome}),
+    Command("recover", "finish or undo what crashes left; abort expired transactions",
+            run_recover, extra={"text": text_recover}),
+    Command("compact", "move finished transactions out of the log; collect garbage",
+            run_compact, extra={"text": lambda r: f"log: {r['before_bytes']} -> "
+                                f"{r['after_bytes']} bytes"}),
+    Command("run-batch", "run a JSON manifest of steps as one transaction", run_batch, (
+        Opt("--file", required=True, metavar="F", help="the manifest (- for stdin)"),),
+        extra={"text": text_batch}),
+    Command("demo", "a one-minute tour in a throwaway git repository", run_demo, (
+        Opt("--keep", FLAG, help="keep the demo repository and print where it is"),)),
+    FENCE,
+)

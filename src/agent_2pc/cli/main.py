@@ -1,0 +1,71 @@
+"""Entry point of the ``agent-2pc`` command: parse, call the library, render.
+
+No business logic lives here; see commands.py for the command table.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import Agent2PCError, UsageError
+from .args import HelpRequested, parse
+from .output import emit, emit_error
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Context:
+    """What a command needs from the invocation: output mode and the workspace root."""
+
+    def __init__(self, args: dict[str, Any]) -> None:
+        self.json: bool = bool(args.get("json"))
+        self.root_arg: str | None = args.get("root")
+        self._client: Any = None
+
+    def root(self) -> str:
+        """The workspace root (raises NotInitialized when there is none)."""
+        from ..storage.workspace import find_root
+
+        return find_root(self.root_arg or os.environ.get("AGENT2PC_ROOT"))
+
+    def client(self) -> Any:
+        if self._client is None:
+            from ..coordinator.client import Agent2PC
+
+            self._client = Agent2PC(self.root())
+        return self._client
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from .commands import COMMANDS
+
+    as_json = "--json" in argv
+    try:
+        path, args = parse(argv, COMMANDS)
+    except HelpRequested as req:
+        sys.stdout.write(req.text)
+        return 0
+    except UsageError as err:
+        emit_error(err, as_json)
+        return err.exit_status
+    cmd = path[-1]
+    ctx = Context(args)
+    try:
+        assert cmd.run is not None, cmd.name
+        result = cmd.run(ctx, args)
+    except Agent2PCError as err:
+        emit_error(err, ctx.json)
+        return err.exit_status
+    except KeyboardInterrupt:
+        return 130
+    if result is not None:
+        emit(result, ctx.json, cmd.extra.get("text"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The coordinator: the transaction engine and the public library over it."""

@@ -1,0 +1,153 @@
+"""The Python library: ``Agent2PC`` (a workspace) and ``Transaction`` (one transaction).
+
+Thin over the engine: every method returns the same dict that the CLI prints with ``--json``
+(without ``ok``), and raises the errors of agent_2pc.errors. ``Transaction.commit`` raises
+``TransactionAborted`` (with ``.code`` and ``.reason``) when the answer is no.
+
+    client = Agent2PC(".")                      # the workspace at or above "."
+    with client.transaction(label="fix") as tx:  # commits on a clean exit, aborts on exception
+        tx.stage_write("a.py", "print(1)\\n")
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..storage.workspace import find_root, init as init_workspace
+from .engine import Engine
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import IO, Any
+
+
+class Agent2PC:
+    """A workspace: the directory tree that holds ``.agent-tx/``."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+        env = os.environ.get("AGENT2PC_ROOT")
+        if root is None and env:
+            self.root = find_root(env)
+        else:
+            self.root = find_root(cwd=os.fspath(root) if root is not None else None)
+        self.engine = Engine(self.root)
+
+    @classmethod
+    def init(cls, root: str | os.PathLike[str] = ".") -> "Agent2PC":
+        """Create the workspace at ``root`` (idempotent) and open it."""
+        return cls(init_workspace(os.fspath(root)))
+
+    def begin(self, timeout_ms: int | None = None, label: str | None = None) -> "Transaction":
+        return Transaction(self, self.engine.begin(timeout_ms=timeout_ms, label=label)["tid"])
+
+    def get(self, tid: str) -> "Transaction":
+        """A handle on an existing transaction (checked: unknown ids raise UnknownTid)."""
+        self.engine.status(tid)
+        return Transaction(self, tid)
+
+    def transaction(self, timeout_ms: int | None = None, label: str | None = None
+                    ) -> "_Scope":
+        """``with client.transaction() as tx``: commit on a clean exit, abort on an exception
+        (which propagates). A commit that is refused raises TransactionAborted."""
+        return _Scope(self, timeout_ms, label)
+
+    def recover(self) -> dict[str, Any]:
+        return self.engine.recover()
+
+    def compact(self) -> dict[str, Any]:
+        return self.engine.compact()
+
+    def transactions(self, state: str | None = None) -> list[dict[str, Any]]:
+        return self.engine.transactions(state)
+
+    def status(self, tid: str | None = None) -> dict[str, Any]:
+        return self.engine.status(tid)
+
+    def run_batch(self, manifest: dict[str, Any] | str) -> dict[str, Any]:
+        from .batch import run_batch
+
+        return run_batch(self, manifest)
+
+
+class Transaction:
+    def __init__(self, client: Agent2PC, tid: str) -> None:
+        self.client = client
+        self.tid = tid
+        self._engine = client.engine
+
+    def __repr__(self) -> str:
+        return f"<Transaction {self.tid}>"
+
+    def state(self) -> str:
+        return str(self._engine.status(self.tid)["transactions"][0]["state"])
+
+    def status(self) -> dict[str, Any]:
+        return self._engine.status(self.tid)["transactions"][0]
+
+    def record_read(self, path: str) -> str | None:
+        """Remember ``path``'s content hash; commit aborts with ``conflict`` if it changes."""
+        return self._engine.record_read(self.tid, path)["sha256"]  # type: ignore[no-any-return]
+
+    def stage_write(self, path: str, content: str | bytes, mode: int | None = None
+                    ) -> dict[str, Any]:
+        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        return self._engine.stage_write(self.tid, path, data, mode=mode)
+
+    def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes],
+                         mode: int | None = None) -> dict[str, Any]:
+        """Stage the content of a file (a path or a binary file object), streamed."""
+        if isinstance(source, (str, os.PathLike)):
+            fd = os.open(os.fspath(source), os.O_RDONLY)
+            try:
+                return self._engine.stage_write(self.tid, path, src_fd=fd, mode=mode)
+            finally:
+                os.close(fd)
+        return self._engine.stage_write(self.tid, path, src_fd=source.fileno(), mode=mode)
+
+    def stage_delete(self, path: str) -> dict[str, Any]:
+        return self._engine.stage_delete(self.tid, path)
+
+    def stage_replace(self, path: str, old: str | bytes, new: str | bytes, all: bool = False
+                      ) -> dict[str, Any]:
+        return self._engine.stage_replace(self.tid, path, old, new, all=all)
+
+    def stage_patch(self, patch: str | bytes) -> dict[str, Any]:
+        return self._engine.stage_patch(self.tid, patch)
+
+    def savepoint(self, name: str) -> dict[str, Any]:
+        return self._engine.savepoint(self.tid, name)
+
+    def rollback_to(self, name: str) -> dict[str, Any]:
+        return self._engine.rollback_to(self.tid, name)
+
+    def diff(self, stat: bool = False) -> dict[str, Any]:
+        return self._engine.diff(self.tid, stat_only=stat)
+
+    def commit(self) -> dict[str, Any]:
+        return self._engine.commit(self.tid)
+
+    def abort(self, reason: str | None = None) -> dict[str, Any]:
+        return self._engine.abort(self.tid, reason)
+
+
+class _Scope:
+    __slots__ = ("_client", "_timeout_ms", "_label", "_tx")
+
+    def __init__(self, client: Agent2PC, timeout_ms: int | None, label: str | None) -> None:
+        self._client, self._timeout_ms, self._label = client, timeout_ms, label
+        self._tx: Transaction | None = None
+
+    def __enter__(self) -> Transaction:
+        self._tx = self._client.begin(timeout_ms=self._timeout_ms, label=self._label)
+        return self._tx
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        tx = self._tx
+        assert tx is not None
+        if tx.state() != "active":
+            return  # committed or aborted inside the block
+        if exc is None:
+            tx.commit()
+        else:
+            tx.abort(reason=f"{type(exc).__name__}: {exc}"[:500])

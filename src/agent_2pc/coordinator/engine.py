@@ -1,0 +1,505 @@
+"""The transaction engine: one workspace, its log, its locks, and the protocol.
+
+Every public method is one step of the contract (begin, stage, commit, ...). The engine keeps
+the state of the live transactions folded from the log (core/states.py) and tails the log
+before each step, so it sees what other processes appended.
+
+Locks, always taken in this order (docs/design.md, "Concurrency"):
+  tx/<tid>/lock  while a process works on that transaction (staging, committing);
+  commit.lock    from prepare to end, so commits and recoveries of the tree are serial;
+  lock           for a moment around each log append.
+Recovery takes commit.lock and then only *tries* transaction locks: a transaction whose lock
+is held has a live worker and is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from _thread import RLock
+import time
+
+from .. import crashpoints
+from ..core import recovery
+from ..core.states import (ABORTED, ACTIVE, COMMITTED, FINISHED, IN_FLIGHT, IllegalTransition,
+                           Tx, apply_record, iso_ms)
+from ..errors import (BadState, CorruptWal, NotInitialized, TransactionAborted, UnknownTid,
+                      UsageError, WorkspaceError)
+from ..participants.fs import FileParticipant, Vote
+from ..storage import history
+from ..storage.blobs import BlobStore
+from ..storage.locks import FileLock
+from ..storage.log import Batch, Log
+from ..storage.scratch import discard
+from ..storage.workspace import Layout, is_workspace
+from .staging import Staging
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+TID_RE = re.compile(r"tx-\d{8}-\d{6}-[0-9a-f]{6}")
+DEFAULT_TIMEOUT_MS = 24 * 3600 * 1000
+# Automatic compaction keeps the log short, so that a step costs the same with 10k finished
+# transactions in the history as in a new workspace.
+COMPACT_FINISHED_MAX = 64
+COMPACT_BYTES_MAX = 1 << 20
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (Linux); active transactions do not outlive a machine crash."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip().decode() or None
+    except OSError:
+        return None
+
+
+def check_tid(tid: Any) -> str:
+    if not isinstance(tid, str) or not TID_RE.fullmatch(tid):
+        raise UnknownTid(f"{tid!r} is not a transaction id (they look like "
+                         "tx-20260101-120000-a1b2c3)", tid=tid if isinstance(tid, str) else None)
+    return tid
+
+
+class ApplyIncomplete(WorkspaceError):
+    """The decision is commit but applying it failed; recover finishes it."""
+
+    code = "apply_incomplete"
+
+
+class Engine(Staging):
+    def __init__(self, root: str, *, recover_dead: bool = True) -> None:
+        if not is_workspace(root):
+            raise NotInitialized(f"no agent-2pc workspace at {root}", root=root)
+        self.root = root
+        self.layout = Layout(root)
+        self.log = Log(self.layout.wal, self.layout.lock)
+        self.blobs = BlobStore(self.layout.objects, self.layout.preimages)
+        self.commit_lock = FileLock(self.layout.commit_lock)
+        self.fs = FileParticipant(root, self.blobs)
+        self.boot = boot_id()
+        self.txs: dict[str, Tx] = {}
+        self._mutex = RLock()
+        self._truncation_reported = 0
+        # What this engine finished on its own (at start-up, or before a commit) since the
+        # last recover(): recover() reports it too.
+        self._recovered: dict[str, list[str]] = {"rolled_forward": [], "rolled_back": [],
+                                                 "diverged": []}
+        self._refresh()
+        if recover_dead and any(tx.state in IN_FLIGHT for tx in self.txs.values()):
+            self._recover_dead()
+
+    # -- the log -----------------------------------------------------------------------------
+
+    def _absorb(self, batch: Batch) -> None:
+        if batch.reset:
+            self.txs = {}
+        try:
+            for rec in batch.records:
+                apply_record(self.txs, rec)
+        except IllegalTransition as exc:
+            raise CorruptWal(f"{self.layout.wal}: {exc}", path=self.layout.wal,
+                             tid=exc.tid) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptWal(f"{self.layout.wal}: malformed record ({exc!r})",
+                             path=self.layout.wal) from None
+
+    def _refresh(self) -> None:
+        with self._mutex:
+            self._absorb(self.log.read())
+
+    def _append(self, records: list[dict[str, Any]], *, sync: bool = False) -> None:
+        with self._mutex:
+            self._absorb(self.log.append(records, sync=sync))
+
+    @staticmethod
+    def _rec(kind: str, tid: str, **fields: Any) -> dict[str, Any]:
+        rec: dict[str, Any] = {"type": kind, "tid": tid, "ts": now_ms()}
+        rec.update(fields)
+        return rec
+
+    # -- finding and locking a transaction ---------------------------------------------------
+
+    def _lookup(self, tid: str) -> Tx | dict[str, Any]:
+        """The live transaction, or the history entry of a finished and compacted one."""
+        tx = self.txs.get(tid)
+        if tx is not None:
+            return tx
+        entry = history.lookup(self.layout.history, tid)
+        if entry is None:
+            raise UnknownTid(f"no transaction {tid} in this workspace", tid=tid)
+        return entry
+
+    def locked(self, tid: str) -> "_Held":
+        """``with engine.locked(tid) as tx``: hold ``tid``'s lock; ``tx`` is its live state,
+        or the history entry (a dict) of a finished one, which needs no lock."""
+        return _Held(self, tid, active=False)
+
+    def active(self, tid: str) -> "_Held":
+        """As ``locked``, for a transaction that must still be active (bad_state otherwise);
+        one past its deadline is aborted here (timeout)."""
+        return _Held(self, tid, active=True)
+
+    def _hold(self, tid: str, active: bool) -> tuple[Tx | dict[str, Any], FileLock | None]:
+        check_tid(tid)
+        self._refresh()
+        found = self._lookup(tid)
+        if isinstance(found, dict) or found.state in FINISHED:
+            if active:
+                self._refuse_inactive(found)
+            return found, None
+        os.makedirs(self.layout.tx_dir(tid), exist_ok=True)
+        lock = FileLock(self.layout.tx_lock(tid))
+        lock.acquire(what=f"transaction {tid} (another process is working on it)")
+        try:
+            self._refresh()
+            found = self._lookup(tid)
+            if not isinstance(found, dict) and found.state in IN_FLIGHT:
+                # We hold its lock, so whoever was deciding or applying it has died.
+                with self.commit_lock:
+                    self._finish(found, self._plan_one(found, alive=False))
+                found = self._lookup(tid)
+            if active:
+                if isinstance(found, dict) or found.state != ACTIVE:
+                    self._refuse_inactive(found)
+                assert not isinstance(found, dict)
+                self._abort_if_stale(found)
+            return found, lock
+        except BaseException:
+            lock.release()
+            raise
+
+    @staticmethod
+    def _refuse_inactive(tx: Tx | dict[str, Any]) -> None:
+        tid = tx["tid"] if isinstance(tx, dict) else tx.tid
+        state = tx["state"] if isinstance(tx, dict) else tx.state
+        raise BadState(f"{tid} is {state}; only an active transaction can be changed",
+                       tid=tid, state=state)
+
+    def _abort_if_stale(self, tx: Tx) -> None:
+        act = recovery.stale_active(tx, now_ms(), self.boot)
+        if act is not None:
+            self._abort_locked(tx, act.code or "timeout", act.reason or "")
+            raise TransactionAborted(act.reason or "it is stale", code=act.code or "timeout",
+                                     tid=tx.tid)
+
+    # -- begin -------------------------------------------------------------------------------
+
+    def begin(self, timeout_ms: int | None = None, label: str | None = None) -> dict[str, Any]:
+        if timeout_ms is None:
+            timeout_ms = DEFAULT_TIMEOUT_MS
+        if not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise UsageError(f"--timeout-ms must be a whole number of milliseconds >= 0 "
+                             f"(0: no timeout), not {timeout_ms!r}")
+        if label is not None and (not isinstance(label, str) or len(label) > 200):
+            raise UsageError("--label must be a string of at most 200 characters")
+        while True:
+            tid = time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime()) + os.urandom(3).hex()
+            if tid in self.txs:
+                continue
+            try:
+                os.mkdir(self.layout.tx_dir(tid))
+                break
+            except FileExistsError:
+                continue
+        self._append([self._rec("begin", tid, label=label, timeout_ms=timeout_ms or None,
+                                boot=self.boot, pid=os.getpid())])
+        return {"tid": tid}
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def commit(self, tid: str) -> dict[str, Any]:
+        with self.locked(tid) as tx:
+            if isinstance(tx, dict) or tx.state != ACTIVE:
+                return self._answer_again(tx, COMMITTED)
+            self._abort_if_stale(tx)
+            with self.commit_lock:
+                self._finish_dead_locked()
+                tx = self._prepare(tid)
+                crashpoints.hit("prepare.before_decision")
+                self._append([self._rec("decision", tid, outcome="commit")], sync=True)
+                crashpoints.hit("commit.after_decision")
+                scratch = self.layout.tx_dir(tid)
+                try:
+                    applied = self.fs.commit(tx, scratch)
+                except OSError as exc:
+                    raise ApplyIncomplete(
+                        f"{tid} is decided (commit) but applying it failed: {exc}; "
+                        "'agent-2pc recover' finishes it", tid=tid) from exc
+                crashpoints.hit("commit.before_end")
+                self._append([self._end(tid, COMMITTED, applied.files, applied.diverged)])
+            discard(scratch, self.layout.trash)
+        self._maybe_compact()
+        return self._result(self.txs.get(tid) or self._lookup(tid))
+
+    def _prepare(self, tid: str) -> Tx:
+        """Record the start of prepare and collect the votes; abort on the first no."""
+        self._append([self._rec("prepare", tid, pid=os.getpid())])
+        tx = self.txs[tid]
+        try:
+            vote = self.fs.prepare(tx, self.layout.tx_dir(tid))
+        except OSError as exc:  # a participant that raises has voted no
+            vote = Vote.no("prepare_failed", f"preparing the files failed: {exc}")
+        if not vote.yes:
+            self.fs.forget(tid)
+            code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
+            self._append([self._rec("decision", tid, outcome="abort", code=code, reason=reason),
+                          self._end(tid, ABORTED)])
+            discard(self.layout.tx_dir(tid), self.layout.trash)
+            raise TransactionAborted(reason, code=code, tid=tid)
+        return tx
+
+    def _end(self, tid: str, state: str, files: list[str] | None = None,
+             diverged: list[str] | None = None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"state": state, "files": files or []}
+        if diverged:
+            fields["diverged"] = diverged
+        return self._rec("end", tid, **fields)
+
+    def _answer_again(self, tx: Tx | dict[str, Any], wanted: str) -> dict[str, Any]:
+        """commit of a committed transaction, abort of an aborted one: the same answer."""
+        state = tx["state"] if isinstance(tx, dict) else tx.state
+        tid = tx["tid"] if isinstance(tx, dict) else tx.tid
+        if state == wanted:
+            return self._result(tx)
+        reason = tx.get("reason") if isinstance(tx, dict) else tx.reason
+        why = f" ({reason})" if reason else ""
+        raise BadState(f"{tid} is {state}{why}; it cannot be "
+                       f"{'committed' if wanted == COMMITTED else 'aborted'}",
+                       tid=tid, state=state)
+
+    @staticmethod
+    def _result(tx: Tx | dict[str, Any]) -> dict[str, Any]:
+        if isinstance(tx, dict):
+            out = {"tid": tx["tid"], "state": tx["state"], "files": tx.get("files", [])}
+            if tx.get("diverged"):
+                out["diverged"] = tx["diverged"]
+            return out
+        out = {"tid": tx.tid, "state": tx.state, "files": tx.files}
+        if tx.diverged:
+            out["diverged"] = tx.diverged
+        return out
+
+    # -- abort -------------------------------------------------------------------------------
+
+    def abort(self, tid: str, reason: str | None = None) -> dict[str, Any]:
+        with self.locked(tid) as tx:
+            if isinstance(tx, dict) or tx.state != ACTIVE:
+                out = self._answer_again(tx, ABORTED)
+            else:
+                self._abort_locked(tx, "aborted", reason or "aborted by request")
+                out = self._result(self.txs[tid])
+        self._maybe_compact()
+        out.pop("files", None)
+        return out
+
+    def _abort_locked(self, tx: Tx, code: str, reason: str) -> None:
+        """Abort an active or preparing transaction whose lock we hold."""
+        self.fs.forget(tx.tid)
+        self._append([self._rec("decision", tx.tid, outcome="abort", code=code, reason=reason)])
+        crashpoints.hit("abort.after_decision")
+        discard(self.layout.tx_dir(tx.tid), self.layout.trash)
+        self._append([self._end(tx.tid, ABORTED)])
+
+    # -- recovery ----------------------------------------------------------------------------
+
+    def _alive(self, tid: str) -> bool:
+        """Does a live process hold ``tid``'s lock? (flock dies with its holder.)"""
+        path = self.layout.tx_lock(tid)
+        if not os.path.exists(path):
+            return False
+        lock = FileLock(path, create=False)
+        try:
+            if lock.try_acquire():
+                lock.release()
+                return False
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _plan_one(self, tx: Tx, alive: bool) -> recovery.Action:
+        acts = recovery.plan([tx], now_ms=now_ms(), boot=self.boot, alive=lambda _: alive,
+                             include_active=True)
+        assert acts, f"nothing to do for {tx.tid} in state {tx.state}"
+        return acts[0]
+
+    def _finish(self, tx: Tx, act: recovery.Action) -> None:
+        """Carry out a recovery action; the caller holds the commit lock and tx's lock."""
+        scratch = self.layout.tx_dir(tx.tid)
+        if act.kind == recovery.ROLL_FORWARD:
+            os.makedirs(scratch, exist_ok=True)
+            applied = self.fs.recover(tx, scratch)
+            self._append([self._end(tx.tid, COMMITTED, applied.files, applied.diverged)])
+            discard(scratch, self.layout.trash)
+        elif act.kind == recovery.FINISH_ABORT:
+            discard(scratch, self.layout.trash)
+            self._append([self._end(tx.tid, ABORTED)])
+        else:
+            self._abort_locked(tx, act.code or "interrupted", act.reason or "")
+
+    def _recover_dead(self) -> None:
+        """Finish the transactions that dead processes left between prepare and end."""
+        if not self.commit_lock.try_acquire():
+            return  # a live commit runs; it finishes them before its own prepare
+        try:
+            self._finish_dead_locked()
+        finally:
+            self.commit_lock.release()
+
+    def _finish_dead_locked(self, include_active: bool = False) -> None:
+        self._refresh()
+        actions = recovery.plan(list(self.txs.values()), now_ms=now_ms(), boot=self.boot,
+                                alive=self._alive, include_active=include_active)
+        for act in actions:
+            lock = FileLock(self.layout.tx_lock(act.tid))
+            if not os.path.isdir(self.layout.tx_dir(act.tid)):
+                os.makedirs(self.layout.tx_dir(act.tid), exist_ok=True)
+            if not lock.try_acquire():
+                continue  # somebody is working on it right now
+            try:
+                self._refresh()
+                tx = self.txs.get(act.tid)
+                if tx is None or tx.state in FINISHED:
+                    continue
+                again = recovery.plan([tx], now_ms=now_ms(), boot=self.boot,
+                                      alive=lambda _: False, include_active=include_active)
+                if not again:
+                    continue
+                self._finish(tx, again[0])
+                tx = self.txs[act.tid]
+                key = "rolled_forward" if tx.state == COMMITTED else "rolled_back"
+                self._recovered[key].append(act.tid)
+                self._recovered["diverged"].extend(tx.diverged)
+            finally:
+                lock.release()
+
+    def recover(self) -> dict[str, Any]:
+        """Finish or undo what crashes left; abort expired transactions; repair a torn tail.
+
+        ``truncated_bytes`` counts what this engine cut off since it opened the log (or since
+        its previous recover).
+        """
+        with self.commit_lock:
+            self.log.lock.acquire(what="the log")
+            try:
+                self._refresh()  # under the log lock: repairs a torn tail
+            finally:
+                self.log.lock.release()
+            self._finish_dead_locked(include_active=True)
+            self._sweep_scratch()
+        self._maybe_compact()
+        done, self._recovered = self._recovered, {"rolled_forward": [], "rolled_back": [],
+                                                  "diverged": []}
+        out: dict[str, Any] = {
+            "rolled_forward": done["rolled_forward"], "rolled_back": done["rolled_back"],
+            "truncated_bytes": self.log.truncated_bytes - self._truncation_reported}
+        self._truncation_reported = self.log.truncated_bytes
+        if done["diverged"]:
+            out["diverged"] = done["diverged"]
+        return out
+
+    def _sweep_scratch(self) -> None:
+        """Remove scratch of finished or unknown transactions, and abandoned blob temp files."""
+        try:
+            names = os.listdir(self.layout.tx)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            tx = self.txs.get(name)
+            if tx is not None and tx.state not in FINISHED:
+                continue
+            lock = FileLock(self.layout.tx_lock(name))
+            if os.path.isdir(self.layout.tx_dir(name)) and lock.try_acquire():
+                lock.release()
+                discard(self.layout.tx_dir(name), self.layout.trash)
+        for name in os.listdir(self.layout.objects_tmp):
+            pid = name.partition("-")[0]
+            if pid.isdigit() and not _pid_alive(int(pid)):
+                try:
+                    os.unlink(os.path.join(self.layout.objects_tmp, name))
+                except FileNotFoundError:
+                    pass
+
+    # -- compaction --------------------------------------------------------------------------
+
+    def _maybe_compact(self) -> None:
+        finished = sum(1 for tx in self.txs.values() if tx.state in FINISHED)
+        if finished >= COMPACT_FINISHED_MAX or (finished and self.log.size() > COMPACT_BYTES_MAX):
+            self.compact()
+
+    def compact(self) -> dict[str, Any]:
+        """Move finished transactions out of the log into history.jsonl; replace the log."""
+        with self._mutex:
+            self.log.lock.acquire(what="the log")
+            try:
+                self._refresh()
+                before = self.log.size()
+                finished = [tx for tx in self.txs.values() if tx.state in FINISHED]
+                history.append(self.layout.history, [summary(tx) for tx in finished])
+                crashpoints.hit("compact.after_history")
+                live = [rec for tx in self.txs.values() if tx.state not in FINISHED
+                        for rec in tx.records]
+                after = self.log.replace(live)
+                self._refresh()
+            finally:
+                self.log.lock.release()
+        return {"before_bytes": before, "after_bytes": after}
+
+    # -- listing -----------------------------------------------------------------------------
+
+    def transactions(self, state: str | None = None, *, finished: bool = True
+                     ) -> list[dict[str, Any]]:
+        self._refresh()
+        rows = {tid: tx.summary() for tid, tx in self.txs.items()}
+        if finished:
+            for entry in history.all_entries(self.layout.history):
+                if entry["tid"] not in rows:
+                    rows[entry["tid"]] = {k: entry.get(k) for k in
+                                          ("tid", "state", "label", "created_at", "ops")}
+        out = [r for r in rows.values() if state is None or r["state"] == state]
+        out.sort(key=lambda r: (r["created_at"] or "", r["tid"]))
+        return out
+
+
+class _Held:
+    """The context manager of Engine.locked/active (contextlib costs milliseconds to import)."""
+
+    __slots__ = ("_engine", "_tid", "_active", "_lock")
+
+    def __init__(self, engine: Engine, tid: str, active: bool) -> None:
+        self._engine, self._tid, self._active = engine, tid, active
+        self._lock: FileLock | None = None
+
+    def __enter__(self) -> Any:
+        found, self._lock = self._engine._hold(self._tid, self._active)
+        return found
+
+    def __exit__(self, *exc: object) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+
+def summary(tx: Tx) -> dict[str, Any]:
+    """The history line of a finished transaction."""
+    out = tx.summary()
+    out.update({"ended_at": iso_ms(tx.ended_ms) if tx.ended_ms else None, "files": tx.files,
+                "code": tx.code, "reason": tx.reason})
+    if tx.diverged:
+        out["diverged"] = tx.diverged
+    return out
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,333 @@
+"""Staging: the steps that add changes to an active transaction, and the staged view.
+
+The staged view of a path is the content its latest staged op gives it, else the tree's. Every
+step validates everything first and appends its records last, in one append: a step that fails
+has changed nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from .. import crashpoints
+from ..core.states import Op, Tx, iso_ms
+from ..errors import (AmbiguousMatch, NoMatch, NotAFile, NotFound, PathForbidden,
+                      PathOutsideRoot, TransactionAborted, UnknownSavepoint, UsageError)
+from ..storage.blobs import BlobCorrupt, BlobStore
+from ..storage.hashing import sha256_fd
+from .paths import resolve
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any, Callable, ContextManager
+
+    from ..storage.log import Log
+
+NAME_CHARS_MAX = 200
+DIFF_BYTES_MAX = 8 << 20  # larger files are summarized by size, not read for a text diff
+MODE_MAX = 0o7777
+
+
+def _check_mode(mode: int | None) -> int | None:
+    if mode is None:
+        return None
+    if not isinstance(mode, int) or not 0 <= mode <= MODE_MAX:
+        raise UsageError(f"--mode must be an octal permission like 0644 or 0755, not {mode!r}")
+    return mode
+
+
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str) or not name or len(name) > NAME_CHARS_MAX:
+        raise UsageError(f"a savepoint name is 1 to {NAME_CHARS_MAX} characters")
+    return name
+
+
+class Staging:
+    """Mixed into Engine: everything that stages, reads the staged view, or describes a tx."""
+
+    root: str
+    blobs: BlobStore
+    log: "Log"
+    txs: dict[str, Tx]
+    active: Callable[[str], ContextManager[Tx]]
+    locked: Callable[[str], ContextManager[Tx | dict[str, Any]]]
+    _append: Callable[..., None]
+    _rec: Callable[..., dict[str, Any]]
+    _refresh: Callable[[], None]
+
+    # -- the tree and the view ---------------------------------------------------------------
+
+    def _tree_fd(self, rel: str) -> int | None:
+        """An open descriptor of the regular file at ``rel``; None when absent."""
+        try:
+            fd = os.open(os.path.join(self.root, rel), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except IsADirectoryError:
+            raise NotAFile(f"{rel} is a directory", path=rel) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotAFile(f"{rel} is not a regular file", path=rel)
+        return fd
+
+    def _tree_read(self, rel: str) -> bytes | None:
+        fd = self._tree_fd(rel)
+        if fd is None:
+            return None
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read()
+        finally:
+            os.close(fd)
+
+    def _tree_digest(self, rel: str) -> tuple[str | None, int | None]:
+        fd = self._tree_fd(rel)
+        if fd is None:
+            return None, None
+        try:
+            return sha256_fd(fd)[0], stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+    def _blob(self, op: Op) -> bytes:
+        assert op.blob is not None
+        try:
+            return self.blobs.read(op.blob)
+        except BlobCorrupt as exc:
+            self.blobs.discard(op.blob)
+            raise TransactionAborted(f"the staged content of {op.path}: {exc}; stage it again",
+                                     code="corrupt_blob") from None
+
+    def _view_read(self, tx: Tx, rel: str) -> bytes | None:
+        op = tx.staged(rel)
+        if op is None:
+            return self._tree_read(rel)
+        return None if op.op == "delete" else self._blob(op)
+
+    def _view_is_file(self, tx: Tx, rel: str) -> bool:
+        op = tx.staged(rel)
+        if op is not None:
+            return op.op == "write"
+        return os.path.isfile(os.path.join(self.root, rel))
+
+    def _check_placeable(self, tx: Tx, rel: str) -> None:
+        """A file may go at ``rel`` in the staged view: no parent is a file, it isn't a dir."""
+        if os.path.isdir(os.path.join(self.root, rel)) and not os.path.islink(
+                os.path.join(self.root, rel)):
+            raise NotAFile(f"{rel} is a directory", path=rel)
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            prefix = "/".join(parts[:i])
+            if self._view_is_file(tx, prefix):
+                raise NotAFile(f"{prefix} is a file, so {rel} cannot be created", path=rel)
+        below = rel + "/"
+        for op in tx.ops:
+            if op.op == "write" and op.path.startswith(below) and tx.staged(op.path) is op:
+                raise NotAFile(f"{rel} is a directory in this transaction ({op.path} is staged)",
+                               path=rel)
+
+    def _pre(self, tx: Tx, rel: str) -> str | None:
+        op = tx.staged(rel)
+        return op.pre if op is not None else self._tree_digest(rel)[0]
+
+    # -- steps -------------------------------------------------------------------------------
+
+    def record_read(self, tid: str, path: str) -> dict[str, Any]:
+        rel = resolve(self.root, path)
+        with self.active(tid):
+            digest, _ = self._tree_digest(rel)
+            self._append([self._rec("read", tid, path=rel, sha256=digest)])
+        return {"path": rel, "sha256": digest}
+
+    def stage_write(self, tid: str, path: str, content: bytes | None = None, *,
+                    src_fd: int | None = None, mode: int | None = None,
+                    via: str = "write") -> dict[str, Any]:
+        """Stage ``content`` (bytes) or everything readable from ``src_fd`` (streamed)."""
+        assert (content is None) != (src_fd is None)
+        mode = _check_mode(mode)
+        rel = resolve(self.root, path)
+        with self.active(tid) as tx:
+            self._check_placeable(tx, rel)
+            pre = self._pre(tx, rel)
+            if content is not None:
+                digest, size = self.blobs.put_bytes(content), len(content)
+            else:
+                assert src_fd is not None
+                digest, size = self.blobs.put_fd(src_fd)
+            crashpoints.hit("stage.after_blob")
+            self._append([self._stage_rec(tid, rel, "write", via, digest, size, mode, pre)])
+        return {"path": rel, "op": "write", "bytes": size}
+
+    def _stage_rec(self, tid: str, rel: str, op: str, via: str, blob: str | None, size: int,
+                   mode: int | None, pre: str | None) -> dict[str, Any]:
+        return self._rec("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
+                         mode=mode, pre=pre)
+
+    def stage_delete(self, tid: str, path: str) -> dict[str, Any]:
+        rel = resolve(self.root, path)
+        with self.active(tid) as tx:
+            op = tx.staged(rel)
+            exists = (op.op == "write") if op is not None else self._tree_fd_exists(rel)
+            if not exists:
+                raise NotFound(f"{rel} does not exist in the staged view", path=rel)
+            self._append([self._stage_rec(tid, rel, "delete", "delete", None, 0, None,
+                                          self._pre(tx, rel))])
+        return {"path": rel, "op": "delete"}
+
+    def _tree_fd_exists(self, rel: str) -> bool:
+        fd = self._tree_fd(rel)
+        if fd is None:
+            return False
+        os.close(fd)
+        return True
+
+    def stage_replace(self, tid: str, path: str, old: str | bytes, new: str | bytes,
+                      all: bool = False) -> dict[str, Any]:
+        old_b = old.encode("utf-8") if isinstance(old, str) else old
+        new_b = new.encode("utf-8") if isinstance(new, str) else new
+        if not old_b:
+            raise UsageError("--old must not be empty")
+        rel = resolve(self.root, path)
+        with self.active(tid) as tx:
+            content = self._view_read(tx, rel)
+            if content is None:
+                raise NotFound(f"{rel} does not exist in the staged view", path=rel)
+            count = content.count(old_b)
+            if count == 0:
+                raise NoMatch(f"--old does not occur in {rel}", path=rel)
+            if count > 1 and not all:
+                raise AmbiguousMatch(f"--old occurs {count} times in {rel}; make it unique "
+                                     "with more context, or pass --all", path=rel,
+                                     matches=count)
+            updated = content.replace(old_b, new_b)
+            digest = self.blobs.put_bytes(updated)
+            self._append([self._stage_rec(tid, rel, "write", "replace", digest, len(updated),
+                                          None, self._pre(tx, rel))])
+        return {"path": rel, "op": "replace", "replacements": count}
+
+    def stage_patch(self, tid: str, patch: str | bytes) -> dict[str, Any]:
+        from ..core.patch import apply_patch
+
+        with self.active(tid) as tx:
+            def read(p: str) -> bytes | None:
+                try:
+                    rel = resolve(self.root, p)
+                except (PathOutsideRoot, PathForbidden):
+                    return None  # refused below, when the result names it
+                if os.path.isdir(os.path.join(self.root, rel)):
+                    return None
+                return self._view_read(tx, rel)
+
+            results = apply_patch(patch, read)
+            records = []
+            files = []
+            for p, content, mode in results:
+                rel = resolve(self.root, p)
+                pre = self._pre(tx, rel)
+                if content is None:
+                    records.append(self._stage_rec(tid, rel, "delete", "patch", None, 0, None,
+                                                   pre))
+                else:
+                    self._check_placeable(tx, rel)
+                    digest = self.blobs.put_bytes(content)
+                    records.append(self._stage_rec(
+                        tid, rel, "write", "patch", digest, len(content),
+                        None if mode is None else _check_mode(mode & MODE_MAX), pre))
+                files.append(rel)
+            self._append(records)
+        return {"files": files}
+
+    def savepoint(self, tid: str, name: str) -> dict[str, Any]:
+        name = _check_name(name)
+        with self.active(tid):
+            self._append([self._rec("savepoint", tid, name=name)])
+        return {"name": name}
+
+    def rollback_to(self, tid: str, name: str) -> dict[str, Any]:
+        name = _check_name(name)
+        with self.active(tid) as tx:
+            if all(s[0] != name for s in tx.savepoints):
+                known = ", ".join(s[0] for s in tx.savepoints) or "none"
+                raise UnknownSavepoint(f"{tid} has no savepoint {name!r} (it has: {known})",
+                                       name=name)
+            self._append([self._rec("rollback", tid, name=name)])
+        return {"name": name}
+
+    # -- looking -----------------------------------------------------------------------------
+
+    def diff(self, tid: str, stat_only: bool = False) -> dict[str, Any]:
+        from ..core.textdiff import diff_file
+
+        with self.locked(tid) as tx:
+            if isinstance(tx, dict):
+                return {"files": [], "diff": ""}
+            files = []
+            texts = []
+            for op in tx.changes():
+                big = self._too_big_to_diff(op)
+                if big is not None:
+                    files.append(big)
+                    texts.append(f"Large file {op.path}: {big['status']} "
+                                 f"({big['old_bytes']} -> {big['new_bytes']} bytes)\n")
+                    continue
+                old = self._tree_read(op.path)
+                _, old_mode = self._tree_digest(op.path)
+                new = None if op.op == "delete" else self._blob(op)
+                new_mode = None if new is None else (op.mode or old_mode or 0o644)
+                if old == new and (new is None or old_mode == new_mode):
+                    continue
+                fd = diff_file(op.path, old, new, old_mode if old is not None else None,
+                               new_mode)
+                files.append({"path": op.path, "status": fd.status,
+                              "additions": fd.additions, "deletions": fd.deletions})
+                texts.append(fd.text)
+        if stat_only:
+            return {"files": files, "diff": stat_text(files)}
+        return {"files": files, "diff": "".join(texts)}
+
+    def _too_big_to_diff(self, op: Op) -> dict[str, Any] | None:
+        try:
+            old_size: int | None = os.stat(os.path.join(self.root, op.path)).st_size
+        except OSError:
+            old_size = None
+        new_size = op.size if op.op == "write" else None
+        if max(old_size or 0, new_size or 0) <= DIFF_BYTES_MAX:
+            return None
+        status = "added" if old_size is None else "deleted" if new_size is None else "modified"
+        return {"path": op.path, "status": status, "additions": 0, "deletions": 0,
+                "old_bytes": old_size or 0, "new_bytes": new_size or 0}
+
+    def status(self, tid: str | None = None) -> dict[str, Any]:
+        if tid is None:
+            self._refresh()
+            rows = [tx.summary() for tx in self.txs.values() if tx.state not in
+                    ("committed", "aborted")]
+            rows.sort(key=lambda r: (r["created_at"], r["tid"]))
+            return {"transactions": rows}
+        with self.locked(tid) as tx:
+            if isinstance(tx, dict):
+                return {"transactions": [tx]}
+            row = tx.summary()
+            row["files"] = [{"path": op.path, "op": op.op, "via": op.via} for op in
+                            tx.changes()]
+            row["reads"] = [{"path": p, "sha256": d} for p, d in tx.reads]
+            row["savepoints"] = [s[0] for s in tx.savepoints]
+            if tx.deadline_ms:
+                row["expires_at"] = iso_ms(tx.deadline_ms)
+            if tx.reason:
+                row["code"], row["reason"] = tx.code, tx.reason
+            return {"transactions": [row]}
+
+
+def stat_text(files: list[dict[str, Any]]) -> str:
+    """``git diff --stat``-like summary."""
+    if not files:
+        return ""
+    width = max(len(f["path"]) for f in files)
+    lines = [f" {f['path']:<{width}} | +{f['additions']} -{f['deletions']}" for f in files]
+    adds = sum(f["additions"] for f in files)
+    dels = sum(f["deletions"] for f in files)
+    lines.append(f" {len(files)} file{'s' if len(files) != 1 else ''} changed, "
+                 f"{adds} insertions(+), {dels} deletions(-)")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,203 @@
+"""Transactions as the log describes them: records, states, legal transitions. Pure: no I/O.
+
+Records (the payloads of log frames; docs/format.md lists every field)::
+
+    begin     {tid, ts, label, timeout_ms, boot, pid}              -> active
+    read      {tid, ts, path, sha256}                               active
+    stage     {tid, ts, path, op, via, blob, size, mode, pre}       active
+    savepoint {tid, ts, name}                                       active
+    rollback  {tid, ts, name}                                       active
+    prepare   {tid, ts, pid}                                        active    -> preparing
+    decision  {tid, ts, outcome: commit, ...}                       preparing -> committing
+    decision  {tid, ts, outcome: abort, code, reason}               active | preparing -> aborting
+    end       {tid, ts, state: committed | aborted, files, ...}     committing -> committed,
+                                                                    aborting -> aborted
+
+``ts`` is milliseconds since the epoch. A record that the table does not allow is an
+IllegalTransition: the log is corrupt or there is a bug, and nobody may guess.
+"""
+
+from __future__ import annotations
+
+import time
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any, Iterable
+
+ACTIVE, PREPARING, PREPARED, COMMITTING, COMMITTED, ABORTING, ABORTED = (
+    "active", "preparing", "prepared", "committing", "committed", "aborting", "aborted")
+# The contract's states. PREPARED is never recorded by the file participant: its decision
+# follows the last vote at once, under the same lock, so nothing could observe the state.
+STATES = (ACTIVE, PREPARING, PREPARED, COMMITTING, COMMITTED, ABORTING, ABORTED)
+FINISHED = frozenset({COMMITTED, ABORTED})
+# Past the commit point, or deciding: a process works on these under the commit lock, and one
+# that finds such a transaction with no live holder finishes it.
+IN_FLIGHT = frozenset({PREPARING, COMMITTING, ABORTING})
+
+# (record kind, state before) -> state after; None stands for "no such transaction yet".
+TRANSITIONS: dict[tuple[str, str | None], str] = {
+    ("begin", None): ACTIVE,
+    ("read", ACTIVE): ACTIVE,
+    ("stage", ACTIVE): ACTIVE,
+    ("savepoint", ACTIVE): ACTIVE,
+    ("rollback", ACTIVE): ACTIVE,
+    ("prepare", ACTIVE): PREPARING,
+    ("decision:commit", PREPARING): COMMITTING,
+    ("decision:abort", ACTIVE): ABORTING,
+    ("decision:abort", PREPARING): ABORTING,
+    ("end:committed", COMMITTING): COMMITTED,
+    ("end:aborted", ABORTING): ABORTED,
+}
+
+
+class IllegalTransition(Exception):
+    def __init__(self, tid: str, kind: str, state: str | None) -> None:
+        super().__init__(f"record {kind!r} is not allowed for {tid} in state {state}")
+        self.tid = tid
+
+
+def record_kind(rec: dict[str, Any]) -> str:
+    t = rec["type"]
+    if t == "decision":
+        return f"decision:{rec['outcome']}"
+    if t == "end":
+        return f"end:{rec['state']}"
+    return str(t)
+
+
+class Op:
+    """One staged change of one path. ``blob`` is None for a delete; ``pre`` is the path's
+    content hash when it was first staged in this transaction (None: it did not exist)."""
+
+    __slots__ = ("path", "op", "via", "blob", "size", "mode", "pre")
+
+    def __init__(self, path: str, op: str, via: str, blob: str | None, size: int,
+                 mode: int | None, pre: str | None) -> None:
+        self.path = path
+        self.op = op  # "write" | "delete"
+        self.via = via  # what staged it: write | replace | patch | delete | ...
+        self.blob = blob
+        self.size = size
+        self.mode = mode
+        self.pre = pre
+
+    def __repr__(self) -> str:
+        return f"Op({self.op} {self.path} via {self.via}, blob={self.blob}, pre={self.pre})"
+
+
+class Tx:
+    """A transaction as folded from its records (plain class: dataclasses import slowly)."""
+
+    __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
+                 "savepoints", "outcome", "code", "reason", "files", "diverged", "ended_ms",
+                 "records")
+
+    def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
+                 timeout_ms: int | None, boot: str | None) -> None:
+        self.tid = tid
+        self.state = state
+        self.label = label
+        self.created_ms = created_ms
+        self.timeout_ms = timeout_ms
+        self.boot = boot
+        self.ops: list[Op] = []
+        self.reads: list[tuple[str, str | None]] = []
+        self.savepoints: list[tuple[str, int, int]] = []  # name, #ops, #reads at that point
+        self.outcome: str | None = None
+        self.code: str | None = None
+        self.reason: str | None = None
+        self.files: list[str] = []
+        self.diverged: list[str] = []
+        self.ended_ms: int | None = None
+        self.records: list[dict[str, Any]] = []
+
+    @property
+    def deadline_ms(self) -> int | None:
+        return None if not self.timeout_ms else self.created_ms + self.timeout_ms
+
+    def expired(self, now_ms: int) -> bool:
+        d = self.deadline_ms
+        return d is not None and now_ms >= d
+
+    def staged(self, path: str) -> Op | None:
+        """The latest op on ``path`` still in effect, if any."""
+        for op in reversed(self.ops):
+            if op.path == path:
+                return op
+        return None
+
+    def changes(self) -> list[Op]:
+        """The net change per path, sorted by path; the first op's pre-image is the base."""
+        last: dict[str, Op] = {}
+        for op in self.ops:
+            last[op.path] = op
+        return [last[p] for p in sorted(last)]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tid": self.tid,
+            "state": self.state,
+            "label": self.label,
+            "created_at": iso_ms(self.created_ms),
+            "ops": len(self.ops),
+        }
+
+
+def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
+    """Fold one record into ``txs``; return the transaction it touched."""
+    tid = rec["tid"]
+    kind = record_kind(rec)
+    tx = txs.get(tid)
+    after = TRANSITIONS.get((kind, tx.state if tx else None))
+    if after is None:
+        raise IllegalTransition(tid, kind, tx.state if tx else None)
+    t = rec["type"]
+    if t == "begin":
+        tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
+                timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))
+        txs[tid] = tx
+    else:
+        assert tx is not None
+        tx.state = after
+        if t == "stage":
+            tx.ops.append(Op(path=rec["path"], op=rec["op"], via=rec.get("via", rec["op"]),
+                             blob=rec.get("blob"), size=rec.get("size", 0),
+                             mode=rec.get("mode"), pre=rec.get("pre")))
+        elif t == "read":
+            tx.reads.append((rec["path"], rec.get("sha256")))
+        elif t == "savepoint":
+            tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
+            tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads)))
+        elif t == "rollback":
+            idx = next((i for i, s in enumerate(tx.savepoints) if s[0] == rec["name"]), None)
+            if idx is None:
+                raise IllegalTransition(tid, f"rollback to unknown savepoint {rec['name']!r}",
+                                        tx.state)
+            _, n_ops, n_reads = tx.savepoints[idx]
+            del tx.ops[n_ops:]
+            del tx.reads[n_reads:]
+            del tx.savepoints[idx + 1:]
+        elif t == "decision":
+            tx.outcome = rec["outcome"]
+            tx.code = rec.get("code")
+            tx.reason = rec.get("reason")
+        elif t == "end":
+            tx.files = list(rec.get("files", ()))
+            tx.diverged = list(rec.get("diverged", ()))
+            tx.ended_ms = rec["ts"]
+    tx.records.append(rec)
+    return tx
+
+
+def fold(records: Iterable[dict[str, Any]], txs: dict[str, Tx] | None = None) -> dict[str, Tx]:
+    txs = {} if txs is None else txs
+    for rec in records:
+        apply_record(txs, rec)
+    return txs
+
+
+def iso_ms(ms: int) -> str:
+    """Milliseconds since the epoch as ISO-8601 UTC with millisecond precision."""
+    secs, rem = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(secs)) + f".{rem:03d}Z"

@@ -1,0 +1,177 @@
+"""The whole error tree of agent-2pc.
+
+Every error carries the contract's ``code`` (CONTRACT.md, "Error codes") and the CLI exit status
+that goes with it. Errors are grouped by what the caller may conclude:
+
+    Agent2PCError                         code              exit
+    |-- InputError          (bad input or usage: nothing was changed)                2
+    |   |-- UsageError                    usage
+    |   |-- UnknownTid                    unknown_tid
+    |   |-- BadState                      bad_state
+    |   |-- PathOutsideRoot               path_outside_root
+    |   |-- PathForbidden                 path_forbidden
+    |   |-- NotFound                      not_found
+    |   |-- NotAFile                      not_a_file
+    |   |-- NoMatch                       no_match
+    |   |-- AmbiguousMatch                ambiguous_match
+    |   |-- UnknownSavepoint              unknown_savepoint
+    |   |-- InvalidPatch                  invalid_patch
+    |   |-- PatchRejected                 patch_rejected
+    |   `-- InvalidManifest               invalid_manifest
+    |-- WorkspaceError      (the workspace or host cannot serve the request as it is)  2
+    |   |-- NotInitialized                not_initialized
+    |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
+    |   `-- IsolationUnavailable          isolation_unavailable
+    |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
+    |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
+    |   |-- Busy                          busy             (a lock wait ran out of time)
+    |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
+    |                                     read_set_stale | domain_race | stale_lease
+    `-- UnknownOutcome      (something may have happened: hold the fence)            1
+
+A bug is not an Agent2PCError: an invariant violation raises AssertionError and crashes.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Agent2PCError(Exception):
+    """Base class: ``code`` is the contract's error code, ``exit_status`` the CLI's."""
+
+    code = "internal"
+    exit_status = 2
+
+    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.details = details
+
+    def to_json(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        err.update(self.details)
+        return err
+
+
+# -- bad input: exit 2, nothing changed ---------------------------------------------------------
+
+
+class InputError(Agent2PCError):
+    exit_status = 2
+
+
+class UsageError(InputError):
+    code = "usage"
+
+
+class UnknownTid(InputError):
+    code = "unknown_tid"
+
+
+class BadState(InputError):
+    code = "bad_state"
+
+
+class PathOutsideRoot(InputError):
+    code = "path_outside_root"
+
+
+class PathForbidden(InputError):
+    code = "path_forbidden"
+
+
+class NotFound(InputError):
+    code = "not_found"
+
+
+class NotAFile(InputError):
+    code = "not_a_file"
+
+
+class NoMatch(InputError):
+    code = "no_match"
+
+
+class AmbiguousMatch(InputError):
+    code = "ambiguous_match"
+
+
+class UnknownSavepoint(InputError):
+    code = "unknown_savepoint"
+
+
+class InvalidPatch(InputError):
+    code = "invalid_patch"
+
+
+class PatchRejected(InputError):
+    code = "patch_rejected"
+
+
+class InvalidManifest(InputError):
+    code = "invalid_manifest"
+
+
+# -- the workspace or host cannot serve: exit 2 ------------------------------------------------
+
+
+class WorkspaceError(Agent2PCError):
+    exit_status = 2
+
+
+class NotInitialized(WorkspaceError):
+    code = "not_initialized"
+
+
+class CorruptWal(WorkspaceError):
+    """A damaged record that is not a torn tail: recovery refuses to guess."""
+
+    code = "corrupt_wal"
+
+
+class IsolationUnavailable(WorkspaceError):
+    code = "isolation_unavailable"
+
+
+# -- a definite no: exit 1 ---------------------------------------------------------------------
+
+
+class Refusal(Agent2PCError):
+    exit_status = 1
+
+
+class TransactionAborted(Refusal):
+    """The transaction was aborted; ``code`` says why (conflict, verification_failed, timeout).
+
+    ``tid`` names the transaction and ``reason`` is the readable cause.
+    """
+
+    code = "conflict"
+
+    def __init__(self, message: str, *, code: str = "conflict", tid: str | None = None,
+                 **details: Any) -> None:
+        super().__init__(message, code=code, **details)
+        self.tid = tid
+        self.reason = message
+
+
+class Busy(Refusal):
+    code = "busy"
+
+
+class FenceRefusal(Refusal):
+    """The effect fence said no; ``code`` is one of the fence refusal codes."""
+
+    code = "intent_in_flight"
+
+
+class UnknownOutcome(Agent2PCError):
+    """An effect may or may not have happened; the fence stays closed until reconciled."""
+
+    code = "unknown_outcome"
+    exit_status = 1

@@ -1,0 +1,1 @@
+"""Participants: one module per kind of change; each prepares (votes), applies and redoes."""

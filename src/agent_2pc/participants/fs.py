@@ -1,0 +1,350 @@
+"""The file participant: optimistic checks and synced temp files at prepare, renames at apply.
+
+prepare (under the commit lock, before the decision):
+  1. every changed path still has the content it had when first staged (``pre``), and every
+     recorded read still holds: otherwise vote no (``conflict``) and the other writer's content
+     stays;
+  2. each written file's content is copied from its blob into ``.agent-tx/tx/<tid>/<k>.tmp``
+     (the hash is checked while copying), given its mode and fsynced; then that directory is
+     fsynced once. After this the new content survives a machine crash.
+apply (after the decision; also the redo of recovery, so every step is idempotent):
+  deletes first (deepest first; emptied parent directories are removed, as git does), then
+  writes: hard-link the old file as a pre-image, rename the temp file over the target. Each
+  touched directory is fsynced once at the end, before the end record is written.
+A target that has neither its pre-image nor its new content when a redo reaches it was changed
+by someone outside any transaction after the decision: it is left as it is and reported as
+``diverged`` rather than overwritten.
+
+Every directory is opened from the root with O_NOFOLLOW, so a symlink planted in the tree after
+staging makes prepare vote no instead of leading a write outside the root.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from .. import crashpoints
+from ..core.states import Op, Tx
+from ..storage.blobs import BlobCorrupt, BlobStore
+from ..storage.durable import fsync_fd
+from ..storage.hashing import sha256_fd
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class PathChanged(Exception):
+    """A directory on the way to a target is no longer a plain directory."""
+
+
+class Vote:
+    __slots__ = ("yes", "code", "reason")
+
+    def __init__(self, yes: bool, code: str | None = None, reason: str | None = None) -> None:
+        self.yes = yes
+        self.code = code
+        self.reason = reason
+
+    @staticmethod
+    def no(code: str, reason: str) -> "Vote":
+        return Vote(False, code, reason)
+
+
+YES = Vote(True)
+
+
+class Applied:
+    __slots__ = ("files", "diverged")
+
+    def __init__(self) -> None:
+        self.files: list[str] = []
+        self.diverged: list[str] = []
+
+
+class Dirs:
+    """Directory descriptors opened from the root, one component at a time, never following a
+    symlink. Created directories are remembered so their parents get fsynced."""
+
+    def __init__(self, root: str) -> None:
+        self.fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS)}
+        self.grew: set[str] = set()  # directories that got a new subdirectory
+
+    def open(self, rel_dir: str, create: bool = False) -> int:
+        fd = self.fds.get(rel_dir)
+        if fd is not None:
+            return fd
+        parent, _, name = rel_dir.rpartition("/")
+        pfd = self.open(parent, create)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+        except FileNotFoundError:
+            if not create:
+                raise
+            try:
+                os.mkdir(name, 0o755, dir_fd=pfd)
+            except FileExistsError:
+                pass
+            self.grew.add(parent)
+            fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise PathChanged(f"{rel_dir or '.'} is no longer a plain directory") from None
+            raise
+        self.fds[rel_dir] = fd
+        return fd
+
+    def forget(self, rel_dir: str) -> None:
+        fd = self.fds.pop(rel_dir, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def split(path: str) -> tuple[str, str]:
+    parent, _, name = path.rpartition("/")
+    return parent, name
+
+
+def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
+    """(sha256, mode) of the regular file at ``path``; (None, None) when absent.
+
+    Raises PathChanged when something other than a regular file (or a parent that is not a
+    plain directory) stands there.
+    """
+    parent, name = split(path)
+    try:
+        dfd = dirs.open(parent)
+    except FileNotFoundError:
+        return None, None
+    except PathChanged:
+        raise
+    except NotADirectoryError:
+        return None, None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise PathChanged(f"{path} is now a symbolic link") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PathChanged(f"{path} is no longer a regular file")
+        digest, _ = sha256_fd(fd)
+        return digest, stat.S_IMODE(st.st_mode)
+    finally:
+        os.close(fd)
+
+
+def _short(digest: str | None) -> str:
+    return "absent" if digest is None else digest[:12]
+
+
+class FileParticipant:
+    name = "fs"
+
+    def __init__(self, root: str, blobs: BlobStore) -> None:
+        self.root = root
+        self.blobs = blobs
+        # What prepare saw, for the apply that follows in the same process (under the same
+        # commit lock): saves hashing every target twice. Redo after a crash hashes again.
+        self._seen: dict[str, dict[str, str | None]] = {}
+
+    # -- prepare ---------------------------------------------------------------------------
+
+    def prepare(self, tx: Tx, scratch: str) -> Vote:
+        changes = tx.changes()
+        dirs = Dirs(self.root)
+        try:
+            seen: dict[str, str | None] = {}
+            modes: dict[str, int | None] = {}
+            for op in changes:
+                try:
+                    seen[op.path], modes[op.path] = current(dirs, op.path)
+                except PathChanged as exc:
+                    return Vote.no("conflict", f"{exc}; it changed since it was staged")
+                if seen[op.path] != op.pre:
+                    return Vote.no("conflict", (
+                        f"{op.path} changed since it was staged (it was {_short(op.pre)}, now "
+                        f"{_short(seen[op.path])}); the other writer's content is kept"))
+            for path, digest in tx.reads:
+                if path not in seen:
+                    try:
+                        seen[path], _ = current(dirs, path)
+                    except PathChanged as exc:
+                        return Vote.no("conflict", f"{exc}; it changed since it was read")
+                if seen[path] != digest:
+                    return Vote.no("conflict", (
+                        f"{path} changed since it was read (it was {_short(digest)}, now "
+                        f"{_short(seen[path])})"))
+            vote = self._write_temps(changes, modes, dirs, scratch)
+            if vote.yes:
+                self._seen[tx.tid] = seen
+            return vote
+        finally:
+            dirs.close()
+
+    def _write_temps(self, changes: list[Op], modes: dict[str, int | None], dirs: Dirs,
+                     scratch: str) -> Vote:
+        writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
+        if not writes:
+            return YES
+        sfd = os.open(scratch, _DIR_FLAGS)
+        try:
+            scratch_dev = os.fstat(sfd).st_dev
+            for k, op in writes:
+                dev = self._device_of(dirs, split(op.path)[0])
+                if dev != scratch_dev:
+                    return Vote.no("cross_device", (
+                        f"{op.path} is on another file system than .agent-tx/; an atomic rename "
+                        "cannot reach it (not supported yet)"))
+                mode = op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
+                assert op.blob is not None
+                fd = os.open(f"{k}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                             0o600, dir_fd=sfd)
+                try:
+                    self.blobs.copy_to(op.blob, fd)
+                    os.fchmod(fd, mode)
+                    fsync_fd(fd)
+                except BlobCorrupt as exc:
+                    self.blobs.discard(op.blob)
+                    return Vote.no("corrupt_blob", (
+                        f"the staged content of {op.path}: {exc}; stage it again"))
+                finally:
+                    os.close(fd)
+            fsync_fd(sfd)
+            return YES
+        finally:
+            os.close(sfd)
+
+    @staticmethod
+    def _device_of(dirs: Dirs, rel_dir: str) -> int:
+        """st_dev of the deepest existing directory on the way to ``rel_dir``."""
+        probe = rel_dir
+        while True:
+            try:
+                return os.fstat(dirs.open(probe)).st_dev
+            except (FileNotFoundError, NotADirectoryError):
+                probe = probe.rpartition("/")[0]
+
+    # -- apply (commit) and redo (recover) --------------------------------------------------
+
+    def commit(self, tx: Tx, scratch: str) -> Applied:
+        return self._apply(tx, scratch, self._seen.pop(tx.tid, None))
+
+    def recover(self, tx: Tx, scratch: str) -> Applied:
+        return self._apply(tx, scratch, None)
+
+    def forget(self, tid: str) -> None:
+        self._seen.pop(tid, None)
+
+    def _apply(self, tx: Tx, scratch: str, seen: dict[str, str | None] | None) -> Applied:
+        changes = tx.changes()
+        out = Applied()
+        dirs = Dirs(self.root)
+        touched: set[str] = set()
+        try:
+            deletes = [op for op in changes if op.op == "delete"]
+            for op in sorted(deletes, key=lambda o: o.path, reverse=True):
+                cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
+                if cur is None:  # absent: never there, or deleted by an earlier run
+                    continue
+                if cur != op.pre:
+                    out.diverged.append(op.path)
+                    continue
+                parent, name = split(op.path)
+                dfd = dirs.open(parent)
+                self.blobs.keep_preimage(dfd, name, cur)
+                os.unlink(name, dir_fd=dfd)
+                touched.add(parent)
+                out.files.append(op.path)
+                crashpoints.hit("commit.mid_apply")
+                self._prune_empty(dirs, parent, touched)
+            sfd = os.open(scratch, _DIR_FLAGS)
+            try:
+                for k, op in enumerate(changes):
+                    if op.op != "write":
+                        continue
+                    cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
+                    if seen is None and cur == op.blob and not self._has_temp(sfd, k):
+                        continue  # renamed into place by an earlier run of this apply
+                    if cur != op.pre and cur != op.blob:
+                        out.diverged.append(op.path)
+                        continue
+                    parent, name = split(op.path)
+                    dfd = dirs.open(parent, create=True)
+                    if not self._has_temp(sfd, k):
+                        self._rebuild_temp(sfd, k, op, dfd, name)
+                    if cur is not None:
+                        self.blobs.keep_preimage(dfd, name, cur)
+                    os.rename(f"{k}.tmp", name, src_dir_fd=sfd, dst_dir_fd=dfd)
+                    touched.add(parent)
+                    out.files.append(op.path)
+                    crashpoints.hit("commit.mid_apply")
+            finally:
+                os.close(sfd)
+            for rel_dir in touched | dirs.grew:
+                fd = dirs.fds.get(rel_dir)
+                if fd is not None:
+                    fsync_fd(fd)
+            out.files.sort()
+            return out
+        finally:
+            dirs.close()
+
+    @staticmethod
+    def _hash_or_diverged(dirs: Dirs, op: Op) -> str | None:
+        """The target's hash for a redo; "" when it is something that is not a file."""
+        try:
+            return current(dirs, op.path)[0]
+        except PathChanged:
+            return ""
+
+    @staticmethod
+    def _has_temp(sfd: int, k: int) -> bool:
+        try:
+            os.stat(f"{k}.tmp", dir_fd=sfd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def _rebuild_temp(self, sfd: int, k: int, op: Op, dfd: int, name: str) -> None:
+        """A redo whose temp file is gone (it cannot be, after a synced prepare, unless the
+        scratch directory was removed by hand): make it again from the blob."""
+        assert op.blob is not None
+        try:
+            mode = op.mode if op.mode is not None else stat.S_IMODE(
+                os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+        except FileNotFoundError:
+            mode = 0o644
+        fd = os.open(f"{k}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600,
+                     dir_fd=sfd)
+        try:
+            self.blobs.copy_to(op.blob, fd)
+            os.fchmod(fd, mode)
+            fsync_fd(fd)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def _prune_empty(dirs: Dirs, rel_dir: str, touched: set[str]) -> None:
+        """Remove directories that the deletes left empty, up to the root (as git does)."""
+        while rel_dir:
+            parent, name = split(rel_dir)
+            dirs.forget(rel_dir)
+            try:
+                os.rmdir(name, dir_fd=dirs.open(parent))
+            except OSError as exc:
+                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
+                    return
+                raise
+            touched.discard(rel_dir)
+            touched.add(parent)
+            rel_dir = parent

@@ -1,0 +1,1 @@
+"""Storage: owns every byte on disk and every fsync (log, blobs, locks, workspace layout)."""

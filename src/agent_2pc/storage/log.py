@@ -1,0 +1,168 @@
+"""The write-ahead log file: appends under the workspace lock, tailing reads, tail repair.
+
+Many processes share one log. Every append holds ``.agent-tx/lock``; before writing, the
+appender reads what others appended since it last looked, repairs a torn tail left by a killed
+writer (cut it off, fsync), and re-opens the file when compaction replaced it (the inode under
+the lock is not the one it holds). Readers need no lock: they read complete frames and stop at a
+partial one; anything that looks damaged is looked at again under the lock before it is
+repaired (a torn tail) or reported (corruption, with its offset).
+
+A ``Batch`` tells the caller what is new: ``reset`` means the file was replaced and ``records``
+is its whole content; otherwise ``records`` follow what the caller saw before.
+"""
+
+from __future__ import annotations
+
+import os
+from _thread import RLock
+
+from .. import crashpoints
+from ..errors import CorruptWal
+from . import wal_format
+from .durable import fsync_fd, write_all
+from .locks import FileLock
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class Batch:
+    __slots__ = ("reset", "records", "truncated_bytes")
+
+    def __init__(self) -> None:
+        self.reset = False
+        self.records: list[dict[str, Any]] = []
+        self.truncated_bytes = 0
+
+
+class Log:
+    def __init__(self, path: str, lock_path: str) -> None:
+        self.path = path
+        self.lock = FileLock(lock_path)
+        self._mutex = RLock()
+        self._fd: int | None = None
+        self._ino = -1
+        self._offset = 0  # end of the last complete frame this object has handed out
+        self.truncated_bytes = 0  # bytes of torn tail this object cut off, in total
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def read(self) -> Batch:
+        """What was appended since the last read or append (everything after a replacement)."""
+        with self._mutex:
+            batch = Batch()
+            self._reopen_if_replaced(batch)
+            self._read_tail(batch, locked=False)
+            return batch
+
+    def _reopen_if_replaced(self, batch: Batch) -> None:
+        try:
+            ino = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            ino = -2
+        if ino == self._ino and self._fd is not None:
+            return
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._ino = os.fstat(self._fd).st_ino
+        self._offset = 0
+        batch.reset = True
+        batch.records.clear()
+
+    def _read_tail(self, batch: Batch, locked: bool) -> None:
+        assert self._fd is not None
+        size = os.fstat(self._fd).st_size
+        if size == self._offset:
+            return
+        if size < self._offset:  # only compaction shrinks the log, and it replaces the inode
+            raise CorruptWal(f"{self.path} shrank below offset {self._offset} (size {size})",
+                             path=self.path, offset=size)
+        buf = os.pread(self._fd, size - self._offset, self._offset)
+        decoded = wal_format.decode(buf)
+        batch.records.extend(decoded.records)
+        start = self._offset
+        self._offset += decoded.end
+        if decoded.damage is None:
+            return
+        damage_at = start + decoded.damage.offset
+        if not locked:
+            # A concurrent append may still be in flight: look again holding the lock.
+            with self.lock:
+                self._read_tail(batch, locked=True)
+            return
+        if not decoded.damage.torn:
+            raise CorruptWal(
+                f"{self.path}: damaged record at offset {damage_at} "
+                f"({decoded.damage.reason}) with valid records after it; refusing to guess. "
+                "Move the file aside to start over, or restore it from a backup.",
+                path=self.path, offset=damage_at)
+        self._truncate(damage_at, size - damage_at)
+        batch.truncated_bytes += size - damage_at
+
+    def _truncate(self, offset: int, nbytes: int) -> None:
+        assert self._fd is not None and self.lock.held
+        os.ftruncate(self._fd, offset)
+        fsync_fd(self._fd)
+        self.truncated_bytes += nbytes
+        crashpoints.hit("wal.after_truncate")
+
+    # -- appending -------------------------------------------------------------------------
+
+    def append(self, records: list[dict[str, Any]], *, sync: bool) -> Batch:
+        """Append ``records`` as one write (one fsync if ``sync``); return what is new."""
+        frames = b"".join(wal_format.encode(r) for r in records)
+        with self._mutex, self.lock:
+            batch = Batch()
+            self._reopen_if_replaced(batch)
+            self._read_tail(batch, locked=True)
+            assert self._fd is not None
+            fd = self._fd
+            crashpoints.hit("wal.torn_append",
+                            before_exit=lambda: write_all(fd, frames[: max(1, len(frames) // 2)]))
+            write_all(self._fd, frames)
+            if sync:
+                fsync_fd(self._fd)
+            self._offset += len(frames)
+            batch.records.extend(records)
+            return batch
+
+    def replace(self, records: list[dict[str, Any]]) -> int:
+        """Atomically replace the log with ``records`` (compaction); the caller holds the lock.
+
+        Returns the new size in bytes.
+        """
+        assert self.lock.held
+        frames = b"".join(wal_format.encode(r) for r in records)
+        tmp = self.path + ".compact"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            write_all(fd, frames)
+            fsync_fd(fd)
+        finally:
+            os.close(fd)
+        crashpoints.hit("compact.before_rename")
+        os.rename(tmp, self.path)
+        from .durable import fsync_dir
+
+        fsync_dir(os.path.dirname(self.path))
+        with self._mutex:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = None
+            self._ino = -1
+        return len(frames)
+
+    def size(self) -> int:
+        try:
+            return os.stat(self.path).st_size
+        except FileNotFoundError:
+            return 0
+
+    def close(self) -> None:
+        with self._mutex:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+                self._ino = -1

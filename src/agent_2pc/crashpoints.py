@@ -1,5 +1,8 @@
 """Named crash points: ``AGENT2PC_CRASH_AT=POINT`` or ``POINT:N`` kills the process there.
 
+``AGENT2PC_STALL_AT=POINT[:N]`` with ``AGENT2PC_STALL_S=SECONDS`` sleeps there instead, so that
+tests can look at a live process in the middle of its work (holding its locks).
+
 The process exits at once with status 137 (``os._exit``: no cleanup, no flush beyond what is
 already synced) the N-th time (default: the first) it passes POINT. The crash tests are
 parametrised over ``POINTS``, so a point is tested the day it is added. Add one at every fsync.
@@ -28,8 +31,7 @@ POINTS: dict[str, str] = {
 }
 
 _EXIT_STATUS = 137
-_armed: tuple[str, str, int] | None = None  # (raw env value, point, n)
-_passes: dict[str, int] = {}
+_passes: dict[str, int] = {}  # passes counted per (spec, point)
 
 
 def hit(point: str, before_exit: Callable[[], object] | None = None) -> None:
@@ -37,19 +39,26 @@ def hit(point: str, before_exit: Callable[[], object] | None = None) -> None:
 
     ``before_exit`` runs just before the exit (to leave a half-done write behind, say).
     """
-    raw = os.environ.get("AGENT2PC_CRASH_AT")
-    if not raw:
+    crash = os.environ.get("AGENT2PC_CRASH_AT")
+    stall = os.environ.get("AGENT2PC_STALL_AT")
+    if not crash and not stall:
         return
     assert point in POINTS, f"unregistered crash point {point}"
-    global _armed
-    if _armed is None or _armed[0] != raw:
-        name, _, n = raw.partition(":")
-        _armed = (raw, name, int(n) if n else 1)
-        _passes.clear()
-    if _armed[1] != point:
-        return
-    _passes[point] = _passes.get(point, 0) + 1
-    if _passes[point] == _armed[2]:
+    if crash and _due(crash, point):
         if before_exit is not None:
             before_exit()
         os._exit(_EXIT_STATUS)
+    if stall and _due(stall, point):
+        import time
+
+        time.sleep(float(os.environ.get("AGENT2PC_STALL_S", "5")))
+
+
+def _due(spec: str, point: str) -> bool:
+    """Is this pass of ``point`` the one that ``spec`` ("POINT" or "POINT:N") names?"""
+    name, _, n = spec.partition(":")
+    if name != point:
+        return False
+    key = f"{spec}@{point}"
+    _passes[key] = _passes.get(key, 0) + 1
+    return _passes[key] == (int(n) if n else 1)

@@ -84,6 +84,12 @@ class Transaction:
     def status(self) -> dict[str, Any]:
         return self._engine.status(self.tid)["transactions"][0]
 
+    def read(self, path: str) -> bytes | None:
+        """``path``'s content as this transaction sees it (None: absent). Reading from the tree
+        records the read: the commit aborts with ``conflict`` if the file changes meanwhile.
+        Use this for read-modify-write; it cannot lose an update."""
+        return self._engine.read(self.tid, path)
+
     def record_read(self, path: str) -> str | None:
         """Remember ``path``'s content hash; commit aborts with ``conflict`` if it changes."""
         return self._engine.record_read(self.tid, path)["sha256"]  # type: ignore[no-any-return]

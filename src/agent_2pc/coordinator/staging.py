@@ -15,7 +15,7 @@ from ..core.states import Op, Tx, iso_ms
 from ..errors import (AmbiguousMatch, NoMatch, NotAFile, NotFound, PathForbidden,
                       PathOutsideRoot, TransactionAborted, UnknownSavepoint, UsageError)
 from ..storage.blobs import BlobCorrupt, BlobStore
-from ..storage.hashing import sha256_fd
+from ..storage.hashing import sha256_bytes, sha256_fd
 from .paths import resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -139,6 +139,18 @@ class Staging:
             digest, _ = self._tree_digest(rel)
             self._append([self._rec("read", tid, path=rel, sha256=digest)])
         return {"path": rel, "sha256": digest}
+
+    def read(self, tid: str, path: str) -> bytes | None:
+        """The staged view's content of ``path`` (None: absent). When it comes from the tree,
+        its hash is recorded as a read, so the commit aborts if the file changes meanwhile."""
+        rel = resolve(self.root, path)
+        with self.active(tid) as tx:
+            if tx.staged(rel) is not None:
+                return self._view_read(tx, rel)
+            data = self._tree_read(rel)
+            digest = None if data is None else sha256_bytes(data)
+            self._append([self._rec("read", tid, path=rel, sha256=digest)])
+            return data
 
     def stage_write(self, tid: str, path: str, content: bytes | None = None, *,
                     src_fd: int | None = None, mode: int | None = None,

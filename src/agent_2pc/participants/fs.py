@@ -254,19 +254,22 @@ class FileParticipant:
             deletes = [op for op in changes if op.op == "delete"]
             for op in sorted(deletes, key=lambda o: o.path, reverse=True):
                 cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
+                parent, name = split(op.path)
                 if cur is None:  # absent: never there, or deleted by an earlier run
+                    if op.pre is not None:
+                        out.files.append(op.path)
+                        self._prune_empty(dirs, parent, touched)
                     continue
                 if cur != op.pre:
                     out.diverged.append(op.path)
                     continue
-                parent, name = split(op.path)
                 dfd = dirs.open(parent)
                 self.blobs.keep_preimage(dfd, name, cur)
                 os.unlink(name, dir_fd=dfd)
                 touched.add(parent)
                 out.files.append(op.path)
-                crashpoints.hit("commit.mid_apply")
                 self._prune_empty(dirs, parent, touched)
+                crashpoints.hit("commit.mid_apply")
             sfd = os.open(scratch, _DIR_FLAGS)
             try:
                 for k, op in enumerate(changes):
@@ -274,7 +277,8 @@ class FileParticipant:
                         continue
                     cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
                     if seen is None and cur == op.blob and not self._has_temp(sfd, k):
-                        continue  # renamed into place by an earlier run of this apply
+                        out.files.append(op.path)  # renamed into place by an earlier run
+                        continue
                     if cur != op.pre and cur != op.blob:
                         out.diverged.append(op.path)
                         continue

@@ -1,0 +1,183 @@
+"""All-or-nothing across crashes: a real process is killed at every named crash point
+(os._exit(137), crashpoints.POINTS), then `recover` runs; every file of the transaction is
+all as before or all as staged, no temp file is left in the tree, the log reads clean, and
+new transactions work.
+
+Every point in the registry must have a scenario here: a new point is tested the day it is
+added (test_every_crash_point_has_a_scenario).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent_2pc import Agent2PC
+from agent_2pc.crashpoints import POINTS
+from crashkit import (cli, make_repo, snapshot, stage_everything, tree_files_with_temp_names,
+                      wal_is_clean)
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class World:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.client = make_repo(root)
+        self.old = snapshot(root)
+        self.tid = stage_everything(self.client)
+        self.new = self._expected_new()
+
+    def _expected_new(self) -> dict:
+        # Commit the same change in a scratch copy to learn the expected final tree.
+        import shutil
+        import tempfile
+
+        with tempfile.TemporaryDirectory(dir=self.root.parent) as d:
+            copy = Path(d) / "copy"
+            shutil.copytree(self.root, copy, symlinks=True)
+            Agent2PC(copy).engine.commit(self.tid)
+            return snapshot(copy)
+
+    def crash(self, point: str, *args: str) -> None:
+        proc = cli(self.root, *args, env={"AGENT2PC_CRASH_AT": point})
+        assert proc.returncode == 137, (point, proc.returncode, proc.stdout, proc.stderr)
+
+    def recover(self) -> dict:
+        proc = cli(self.root, "recover")
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        import json
+
+        return json.loads(proc.stdout)
+
+    def state(self) -> str:
+        import json
+
+        proc = cli(self.root, "status", "--tid", self.tid)
+        return json.loads(proc.stdout)["transactions"][0]["state"]
+
+    def check_invariants(self) -> None:
+        assert tree_files_with_temp_names(self.root) == []
+        assert wal_is_clean(self.root)
+        # New transactions work.
+        c = Agent2PC(self.root)
+        tx = c.begin()
+        tx.stage_write("after.txt", "works\n")
+        assert tx.commit()["state"] == "committed"
+        assert (self.root / "after.txt").read_text() == "works\n"
+
+
+def commit_crash(point: str, expect: str, rolled: str):
+    def scenario(w: World) -> None:
+        w.crash(point, "commit", "--tid", w.tid)
+        mid = snapshot(w.root)
+        assert mid in (w.old, w.new) or point == "commit.mid_apply:2", "only mid-apply is half"
+        out = w.recover()
+        assert w.tid in out[rolled], out
+        assert snapshot(w.root) == (w.new if expect == "new" else w.old)
+        assert w.state() == ("committed" if expect == "new" else "aborted")
+    return scenario
+
+
+def torn_append(w: World) -> None:
+    # The first append of a commit is its prepare record: half of it reaches the log.
+    w.crash("wal.torn_append", "commit", "--tid", w.tid)
+    out = w.recover()
+    assert out["truncated_bytes"] > 0 and out["rolled_back"] == [] == out["rolled_forward"]
+    assert snapshot(w.root) == w.old and w.state() == "active"
+    assert w.client.engine.commit(w.tid)["state"] == "committed"
+    assert snapshot(w.root) == w.new
+
+
+def after_truncate(w: World) -> None:
+    w.crash("wal.torn_append", "commit", "--tid", w.tid)
+    w.crash("wal.after_truncate", "status")  # any command repairs the torn tail first
+    w.recover()
+    assert wal_is_clean(w.root) and w.state() == "active" and snapshot(w.root) == w.old
+    assert w.client.engine.commit(w.tid)["state"] == "committed"
+    assert snapshot(w.root) == w.new
+
+
+def abort_crash(w: World) -> None:
+    w.crash("abort.after_decision", "abort", "--tid", w.tid)
+    out = w.recover()
+    assert w.tid in out["rolled_back"]
+    assert snapshot(w.root) == w.old and w.state() == "aborted"
+
+
+def stage_crash(w: World) -> None:
+    w.crash("stage.after_blob", "stage-write", "--tid", w.tid, "--path", "extra.txt",
+            "--content", "never staged")
+    w.recover()
+    assert snapshot(w.root) == w.old and w.state() == "active"
+    status = w.client.status(w.tid)["transactions"][0]
+    assert "extra.txt" not in [f["path"] for f in status["files"]]
+    assert w.client.engine.commit(w.tid)["state"] == "committed"
+    assert snapshot(w.root) == w.new
+
+
+def compact_crash(point: str):
+    def scenario(w: World) -> None:
+        assert w.client.engine.commit(w.tid)["state"] == "committed"
+        w.crash(point, "compact")
+        w.recover()
+        assert snapshot(w.root) == w.new
+        assert w.state() == "committed"
+        rows = Agent2PC(w.root).transactions()
+        assert [r["tid"] for r in rows].count(w.tid) == 1
+        assert w.client.engine.compact()["after_bytes"] == 0
+        assert Agent2PC(w.root).engine.commit(w.tid)["state"] == "committed"  # same answer
+    return scenario
+
+
+SCENARIOS = {
+    "prepare.before_decision": commit_crash("prepare.before_decision", "old", "rolled_back"),
+    "commit.after_decision": commit_crash("commit.after_decision", "new", "rolled_forward"),
+    "commit.mid_apply": commit_crash("commit.mid_apply:2", "new", "rolled_forward"),
+    "commit.before_end": commit_crash("commit.before_end", "new", "rolled_forward"),
+    "abort.after_decision": abort_crash,
+    "stage.after_blob": stage_crash,
+    "wal.torn_append": torn_append,
+    "wal.after_truncate": after_truncate,
+    "compact.after_history": compact_crash("compact.after_history"),
+    "compact.before_rename": compact_crash("compact.before_rename"),
+}
+
+
+def test_every_crash_point_has_a_scenario():
+    assert set(SCENARIOS) == set(POINTS)
+
+
+@pytest.mark.parametrize("point", sorted(POINTS))
+def test_crash_at_point_then_recover_leaves_all_or_nothing(tmp_path, point):
+    root = tmp_path / "repo"
+    root.mkdir()
+    w = World(root)
+    SCENARIOS[point](w)
+    w.check_invariants()
+
+
+@pytest.mark.parametrize("n", range(1, 6))  # the transaction has 6 file operations
+def test_crash_after_each_file_operation_of_apply_rolls_forward(tmp_path, n):
+    root = tmp_path / "repo"
+    root.mkdir()
+    w = World(root)
+    w.crash(f"commit.mid_apply:{n}", "commit", "--tid", w.tid)
+    half = snapshot(w.root)
+    assert half != w.new  # it really died half-way
+    assert w.tid in w.recover()["rolled_forward"]
+    assert snapshot(w.root) == w.new
+    assert Agent2PC(w.root).status(w.tid)["transactions"][0]["state"] == "committed"
+    w.check_invariants()
+
+
+def test_next_command_finishes_a_dead_processs_commit_first(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    w = World(root)
+    w.crash("commit.mid_apply:1", "commit", "--tid", w.tid)
+    assert snapshot(w.root) not in (w.old, w.new)
+    proc = cli(w.root, "list")  # any command, not recover
+    assert proc.returncode == 0
+    assert snapshot(w.root) == w.new and w.state() == "committed"

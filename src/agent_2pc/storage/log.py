@@ -2,7 +2,7 @@
 
 Many processes share one log. Every append holds ``.agent-tx/lock``; before writing, the
 appender reads what others appended since it last looked, repairs a torn tail left by a killed
-writer (cut it off, fsync), and re-opens the file when compaction replaced it (the inode under
+writer (copy it aside to ``wal.bin.torn-<offset>``, cut it off, fsync), and re-opens the file when compaction replaced it (the inode under
 the lock is not the one it holds). Readers need no lock: they read complete frames and stop at a
 partial one; anything that looks damaged is looked at again under the lock before it is
 repaired (a torn tail) or reported (corruption, with its offset).
@@ -102,7 +102,15 @@ class Log:
         batch.truncated_bytes += size - damage_at
 
     def _truncate(self, offset: int, nbytes: int) -> None:
+        """Cut a torn tail off, keeping a copy of it aside (``wal.bin.torn-<offset>``)."""
         assert self._fd is not None and self.lock.held
+        torn = os.pread(self._fd, nbytes, offset)
+        aside = os.open(f"{self.path}.torn-{offset}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+                        0o644)
+        try:
+            write_all(aside, torn)
+        finally:
+            os.close(aside)
         os.ftruncate(self._fd, offset)
         fsync_fd(self._fd)
         self.truncated_bytes += nbytes

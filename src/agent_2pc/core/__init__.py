@@ -1,0 +1,1 @@
+"""Pure core: records, states, transitions, patches and diffs — no I/O."""

@@ -10,9 +10,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from crashkit import wal_is_clean
 
 from agent_2pc import Agent2PC, TransactionAborted
-from crashkit import wal_is_clean
 
 pytestmark = pytest.mark.timeout(240)
 

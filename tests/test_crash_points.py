@@ -12,11 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from crashkit import (
+    cli,
+    make_repo,
+    snapshot,
+    stage_everything,
+    tree_files_with_temp_names,
+    wal_is_clean,
+)
 
 from agent_2pc import Agent2PC
 from agent_2pc.crashpoints import POINTS
-from crashkit import (cli, make_repo, snapshot, stage_everything, tree_files_with_temp_names,
-                      wal_is_clean)
 
 pytestmark = pytest.mark.timeout(120)
 

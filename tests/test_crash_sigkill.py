@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+from crashkit import cli, snapshot, tree_files_with_temp_names, wal_is_clean
 
 from agent_2pc import Agent2PC
 from agent_2pc.storage import wal_format
-from crashkit import cli, snapshot, tree_files_with_temp_names, wal_is_clean
 
 FILES = 300
 

@@ -11,7 +11,7 @@ import pytest
 
 from agent_2pc.core import patch as patch_module
 from agent_2pc.core.patch import FilePatch, Hunk, apply_patch, parse_patch
-from agent_2pc.errors import InvalidPatch, PatchRejected
+from agent_2pc.errors import InvalidPatch, NotFound, PatchRejected
 
 Files = dict[str, bytes]
 
@@ -200,11 +200,12 @@ def test_deletion_that_does_not_remove_the_whole_content_is_rejected():
         apply_patch(text, {"f": b"a\nb\n"}.get)
 
 
-def test_modifying_an_absent_file_is_rejected_naming_the_paths_tried():
-    with pytest.raises(PatchRejected, match="does not exist") as info:
+def test_modifying_an_absent_file_is_not_found_naming_the_paths_tried():
+    # CONTRACT.md: not_found is "a file to delete, replace or patch is absent".
+    with pytest.raises(NotFound, match="does not exist") as info:
         apply_patch("--- a/x/f\n+++ b/x/f\n@@ -1 +1 @@\n-a\n+b\n", {}.get)
     assert info.value.details["tried"] == ["x/f", "a/x/f", "b/x/f"]
-    with pytest.raises(PatchRejected, match="cannot patch f: the file does not exist"):
+    with pytest.raises(NotFound, match="cannot patch f: the file does not exist"):
         apply_patch("diff --git a/f b/f\n--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n", {}.get)
 
 

@@ -21,6 +21,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |-- WorkspaceError      (the workspace or host cannot serve the request as it is)  2
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
+    |   |-- ApplyIncomplete               apply_incomplete (decided commit; recover finishes it)
     |   `-- IsolationUnavailable          isolation_unavailable
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
@@ -132,6 +133,12 @@ class CorruptWal(WorkspaceError):
     """A damaged record that is not a torn tail: recovery refuses to guess."""
 
     code = "corrupt_wal"
+
+
+class ApplyIncomplete(WorkspaceError):
+    """The decision is commit but applying it failed (disk full, say); recover finishes it."""
+
+    code = "apply_incomplete"
 
 
 class IsolationUnavailable(WorkspaceError):

@@ -5,11 +5,11 @@ Agents call the CLI on every step, so start-up time matters: argparse costs abou
 (``--name value`` options, flags, repeatable options, ``--`` for a command line), so this parser
 is enough, and it lets ``--json`` and ``--root`` stand before or after the command name.
 
-Values are taken literally: ``--old --json`` sets ``old`` to ``"--json"``. ``--opt=value`` works too.
+Values are taken literally: ``--old --json`` sets ``old`` to ``"--json"``; ``--opt=value`` works
+too.
 """
 
 from __future__ import annotations
-
 
 from ..errors import UsageError
 

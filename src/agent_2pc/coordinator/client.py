@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 
-from ..storage.workspace import find_root, init as init_workspace
+from ..errors import UsageError
+from ..storage.workspace import find_root
+from ..storage.workspace import init as init_workspace
 from .engine import Engine
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -82,7 +84,8 @@ class Transaction:
         return str(self._engine.status(self.tid)["transactions"][0]["state"])
 
     def status(self) -> dict[str, Any]:
-        return self._engine.status(self.tid)["transactions"][0]
+        row: dict[str, Any] = self._engine.status(self.tid)["transactions"][0]
+        return row
 
     def read(self, path: str) -> bytes | None:
         """``path``'s content as this transaction sees it (None: absent). Reading from the tree
@@ -96,7 +99,12 @@ class Transaction:
 
     def stage_write(self, path: str, content: str | bytes, mode: int | None = None
                     ) -> dict[str, Any]:
-        data = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+        if isinstance(content, str):
+            data = content.encode("utf-8")
+        elif isinstance(content, (bytes, bytearray, memoryview)):
+            data = bytes(content)
+        else:
+            raise UsageError(f"content must be str or bytes, not {type(content).__name__}")
         return self._engine.stage_write(self.tid, path, data, mode=mode)
 
     def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes],

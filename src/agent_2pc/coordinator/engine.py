@@ -16,21 +16,37 @@ from __future__ import annotations
 
 import os
 import re
-from _thread import RLock
 import time
+from _thread import RLock
 
 from .. import crashpoints
 from ..core import recovery
-from ..core.states import (ABORTED, ACTIVE, COMMITTED, FINISHED, IN_FLIGHT, IllegalTransition,
-                           Tx, apply_record, iso_ms)
-from ..errors import (BadState, CorruptWal, NotInitialized, TransactionAborted, UnknownTid,
-                      UsageError, WorkspaceError)
+from ..core.states import (
+    ABORTED,
+    ACTIVE,
+    COMMITTED,
+    FINISHED,
+    IN_FLIGHT,
+    IllegalTransition,
+    Tx,
+    apply_record,
+    iso_ms,
+)
+from ..errors import (
+    ApplyIncomplete,
+    BadState,
+    CorruptWal,
+    NotInitialized,
+    TransactionAborted,
+    UnknownTid,
+    UsageError,
+)
 from ..participants.fs import FileParticipant, Vote
 from ..storage import history
 from ..storage.blobs import BlobStore
 from ..storage.locks import FileLock
 from ..storage.log import Batch, Log
-from ..storage.scratch import discard
+from ..storage.scratch import discard, sweep_in_background
 from ..storage.workspace import Layout, is_workspace
 from .staging import Staging
 
@@ -44,6 +60,10 @@ DEFAULT_TIMEOUT_MS = 24 * 3600 * 1000
 # transactions in the history as in a new workspace.
 COMPACT_FINISHED_MAX = 64
 COMPACT_BYTES_MAX = 1 << 20
+# Garbage: blobs unnamed by live transactions after an hour; pre-images after a day.
+BLOB_GRACE_S = 3600.0
+PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 24 * 3600))
+GC_INTERVAL_S = 3600.0
 
 
 def now_ms() -> int:
@@ -64,12 +84,6 @@ def check_tid(tid: Any) -> str:
         raise UnknownTid(f"{tid!r} is not a transaction id (they look like "
                          "tx-20260101-120000-a1b2c3)", tid=tid if isinstance(tid, str) else None)
     return tid
-
-
-class ApplyIncomplete(WorkspaceError):
-    """The decision is commit but applying it failed; recover finishes it."""
-
-    code = "apply_incomplete"
 
 
 class Engine(Staging):
@@ -430,10 +444,11 @@ class Engine(Staging):
     def _maybe_compact(self) -> None:
         finished = sum(1 for tx in self.txs.values() if tx.state in FINISHED)
         if finished >= COMPACT_FINISHED_MAX or (finished and self.log.size() > COMPACT_BYTES_MAX):
-            self.compact()
+            self.compact(gc=self._gc_due())
 
-    def compact(self) -> dict[str, Any]:
-        """Move finished transactions out of the log into history.jsonl; replace the log."""
+    def compact(self, gc: bool = True) -> dict[str, Any]:
+        """Move finished transactions out of the log into history.jsonl; replace the log.
+        With ``gc``, also collect garbage (see ``collect_garbage``)."""
         with self._mutex:
             self.log.lock.acquire(what="the log")
             try:
@@ -448,7 +463,52 @@ class Engine(Staging):
                 self._refresh()
             finally:
                 self.log.lock.release()
-        return {"before_bytes": before, "after_bytes": after}
+        out: dict[str, Any] = {"before_bytes": before, "after_bytes": after}
+        if gc:
+            out.update(self.collect_garbage())
+        return out
+
+    def collect_garbage(self) -> dict[str, int]:
+        """Drop blobs no live transaction names (after a grace period, since a stager writes
+        its blob before its record), pre-images past their retention, dead processes' temp
+        files. Files go to trash/ at once and are deleted in the background."""
+        self._refresh()
+        now_s = time.time()
+        live = {op.blob for tx in self.txs.values() if tx.state not in FINISHED
+                for op in tx.ops if op.blob}
+        bin_dir = os.path.join(self.layout.trash, f"gc-{os.getpid()}-{os.urandom(4).hex()}")
+        os.makedirs(bin_dir, exist_ok=True)
+        blobs = 0
+        for fan in os.scandir(self.layout.objects):
+            if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(fan.path):
+                if entry.name in live or now_s - entry.stat().st_ctime < BLOB_GRACE_S:
+                    continue
+                os.rename(entry.path, os.path.join(bin_dir, entry.name))
+                blobs += 1
+        preimages = 0
+        for entry in os.scandir(self.layout.preimages):
+            tx = self.txs.get(entry.name)
+            if tx is not None and tx.state not in FINISHED:
+                continue
+            if now_s - entry.stat().st_ctime >= PREIMAGE_RETENTION_S:
+                os.rename(entry.path, os.path.join(bin_dir, "pre-" + entry.name))
+                preimages += 1
+        self._sweep_scratch()
+        if blobs or preimages:
+            sweep_in_background(self.layout.trash)
+        else:
+            os.rmdir(bin_dir)
+        with open(self.layout.gc_stamp, "w"):
+            pass
+        return {"blobs_collected": blobs, "preimages_collected": preimages}
+
+    def _gc_due(self) -> bool:
+        try:
+            return time.time() - os.stat(self.layout.gc_stamp).st_mtime >= GC_INTERVAL_S
+        except FileNotFoundError:
+            return True
 
     # -- listing -----------------------------------------------------------------------------
 

@@ -12,8 +12,15 @@ import stat
 
 from .. import crashpoints
 from ..core.states import Op, Tx, iso_ms
-from ..errors import (AmbiguousMatch, NoMatch, NotAFile, NotFound, PathForbidden,
-                      PathOutsideRoot, TransactionAborted, UnknownSavepoint, UsageError)
+from ..errors import (
+    AmbiguousMatch,
+    NoMatch,
+    NotAFile,
+    NotFound,
+    TransactionAborted,
+    UnknownSavepoint,
+    UsageError,
+)
 from ..storage.blobs import BlobCorrupt, BlobStore
 from ..storage.hashing import sha256_bytes, sha256_fd
 from .paths import resolve
@@ -223,10 +230,7 @@ class Staging:
 
         with self.active(tid) as tx:
             def read(p: str) -> bytes | None:
-                try:
-                    rel = resolve(self.root, p)
-                except (PathOutsideRoot, PathForbidden):
-                    return None  # refused below, when the result names it
+                rel = resolve(self.root, p)  # a path outside the root or in .git/ is refused
                 if os.path.isdir(os.path.join(self.root, rel)):
                     return None
                 return self._view_read(tx, rel)

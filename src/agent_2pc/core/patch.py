@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from ..errors import InvalidPatch, PatchRejected
+from ..errors import InvalidPatch, NotFound, PatchRejected
 
 MAX_PATCH_BYTES = 64 * 1024 * 1024
 MAX_FILES_PER_PATCH = 10_000
@@ -196,9 +196,9 @@ class _Parser:
                 f"change, no creation, deletion or rename)", line=start, path=where,
             )
         if meta.rename_from and meta.rename_to:
-            old = _clean_path(meta.rename_from, start)
-            new = _clean_path(meta.rename_to, start)
-            return FilePatch(old, new, hunks, meta.new_mode)
+            src = _clean_path(meta.rename_from, start)
+            dst = _clean_path(meta.rename_to, start)
+            return FilePatch(src, dst, hunks, meta.new_mode)
         return _resolve_paths(minus, plus, meta.created or minus is None,
                               meta.deleted or plus is None, hunks, meta.new_mode, start, True)
 
@@ -582,7 +582,7 @@ def _apply_file(fp: FilePatch, view: _View) -> None:
         return
     base = view.get(old)
     if base is None:
-        raise PatchRejected(f"cannot patch {old}: the file does not exist", path=old)
+        raise NotFound(f"cannot patch {old}: the file does not exist", path=old)
     content = _apply_hunks(old, base, fp.hunks)
     if new is None:
         if content:
@@ -617,7 +617,7 @@ def _choose_target(fp: FilePatch, view: _View) -> tuple[str, str | None]:
             tried.append(path)
             if view.get(path) is not None:
                 return path, None if fp.new_path is None else path
-    raise PatchRejected(
+    raise NotFound(
         f"cannot patch {fp.old_path}: the file does not exist (tried {', '.join(tried)})",
         path=tried[0], tried=tried,
     )
@@ -752,7 +752,7 @@ def _outward(center: int, lo: int, hi: int) -> Iterator[int]:
 def _rejection(path: str, index: int, hunk: Hunk, target: _Target, old: list[bytes],
                lo: int, offset: int) -> PatchRejected:
     """Explain a hunk that fits nowhere: the closest partial match and its first difference."""
-    details = {"path": path, "hunk": index, "header": hunk.header}
+    details: dict[str, Any] = {"path": path, "hunk": index, "header": hunk.header}
     prefix = f"hunk {index} of {path} ({hunk.header}) does not apply: "
     lines = target.lines
     expected = _stated_index(hunk) + offset

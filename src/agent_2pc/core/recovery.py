@@ -12,7 +12,6 @@ a callback (the caller probes the transaction's lock), time and boot id are pass
 
 from __future__ import annotations
 
-
 from .states import ABORTING, ACTIVE, COMMITTING, PREPARING, Tx
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy

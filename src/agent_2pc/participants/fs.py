@@ -9,8 +9,9 @@ prepare (under the commit lock, before the decision):
      fsynced once. After this the new content survives a machine crash.
 apply (after the decision; also the redo of recovery, so every step is idempotent):
   deletes first (deepest first; emptied parent directories are removed, as git does), then
-  writes: hard-link the old file as a pre-image, rename the temp file over the target. Each
-  touched directory is fsynced once at the end, before the end record is written.
+  writes: hard-link the old file as a pre-image (preimages/<tid>/<k>), rename the temp file
+  over the target. Each touched directory is fsynced once at the end, before the end record
+  is written.
 A target that has neither its pre-image nor its new content when a redo reaches it was changed
 by someone outside any transaction after the decision: it is left as it is and reported as
 ``diverged`` rather than overwritten.
@@ -251,8 +252,8 @@ class FileParticipant:
         dirs = Dirs(self.root)
         touched: set[str] = set()
         try:
-            deletes = [op for op in changes if op.op == "delete"]
-            for op in sorted(deletes, key=lambda o: o.path, reverse=True):
+            deletes = [(k, op) for k, op in enumerate(changes) if op.op == "delete"]
+            for k, op in reversed(deletes):  # deepest first: changes are sorted by path
                 cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
                 parent, name = split(op.path)
                 if cur is None:  # absent: never there, or deleted by an earlier run
@@ -264,7 +265,7 @@ class FileParticipant:
                     out.diverged.append(op.path)
                     continue
                 dfd = dirs.open(parent)
-                self.blobs.keep_preimage(dfd, name, cur)
+                self.blobs.keep_preimage(dfd, name, tx.tid, k)
                 os.unlink(name, dir_fd=dfd)
                 touched.add(parent)
                 out.files.append(op.path)
@@ -287,7 +288,7 @@ class FileParticipant:
                     if not self._has_temp(sfd, k):
                         self._rebuild_temp(sfd, k, op, dfd, name)
                     if cur is not None:
-                        self.blobs.keep_preimage(dfd, name, cur)
+                        self.blobs.keep_preimage(dfd, name, tx.tid, k)
                     os.rename(f"{k}.tmp", name, src_dir_fd=sfd, dst_dir_fd=dfd)
                     touched.add(parent)
                     out.files.append(op.path)

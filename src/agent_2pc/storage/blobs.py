@@ -7,7 +7,7 @@ synced temp file before the decision record (docs/design.md, "Where the fsyncs a
 checks the hash, so a blob damaged by a machine crash is found before it can reach the tree.
 
 Pre-images (what a commit replaced or deleted) are kept by hard link at apply time in
-``preimages/<sha256>``: zero-copy, and apart from ``objects/`` because such a link shares its
+``preimages/<tid>/<k>``: zero-copy, and apart from ``objects/`` because such a link shares its
 inode with the user's file until the rename over it. Were it deduplicated against staged content,
 a program writing into that file in that instant could change staged bytes.
 """
@@ -54,6 +54,13 @@ class BlobStore:
             return False
         return st.st_size == size
 
+    def _touch(self, digest: str) -> None:
+        """Refresh a reused blob's ctime, so garbage collection's grace period starts again."""
+        try:
+            os.chmod(self.path(digest), 0o444)
+        except FileNotFoundError:
+            pass
+
     def _install(self, tmp: str, digest: str) -> None:
         os.chmod(tmp, 0o444)
         os.rename(tmp, self.path(digest))
@@ -61,6 +68,7 @@ class BlobStore:
     def put_bytes(self, data: bytes) -> str:
         digest = sha256_bytes(data)
         if self._has(digest, len(data)):
+            self._touch(digest)
             return digest
         tmp = os.path.join(self.tmp_dir, _tmp_name())
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -97,6 +105,7 @@ class BlobStore:
         digest = str(h.hexdigest())
         if self._has(digest, size):
             os.unlink(tmp)
+            self._touch(digest)
         else:
             self._install(tmp, digest)
         return digest, size
@@ -141,14 +150,22 @@ class BlobStore:
         except FileNotFoundError:
             pass
 
-    def keep_preimage(self, dir_fd: int, name: str, digest: str) -> None:
-        """Hard-link the file ``name`` (in ``dir_fd``) as the pre-image ``digest``.
+    def keep_preimage(self, dir_fd: int, name: str, tid: str, k: int) -> None:
+        """Hard-link the file ``name`` (in ``dir_fd``) as ``preimages/<tid>/<k>``: what stood at
+        the transaction's k-th path when its apply replaced or deleted it.
 
-        Best effort: a pre-image is a backup, not needed for recovery (the log is a redo log).
-        Where a link is impossible (another file system), the pre-image is not kept.
+        Best effort: a pre-image is a backup, never needed for recovery (the log is a redo
+        log), so it is not synced. Where a link is impossible (another file system), none is
+        kept. It is named by transaction and position, not by hash: a program outside any
+        transaction may have written into the file since prepare hashed it.
         """
+        directory = os.path.join(self.preimages, tid)
         try:
-            os.link(name, os.path.join(self.preimages, digest), src_dir_fd=dir_fd,
+            os.mkdir(directory)
+        except FileExistsError:
+            pass
+        try:
+            os.link(name, os.path.join(directory, str(k)), src_dir_fd=dir_fd,
                     follow_symlinks=False)
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.EXDEV, errno.EPERM, errno.EMLINK):

@@ -7,9 +7,8 @@ inputs use the builtin; large ones import hashlib on first need.
 
 from __future__ import annotations
 
+import _sha256  # type: ignore[import-not-found]
 import os
-
-import _sha256
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:

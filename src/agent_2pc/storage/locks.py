@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import fcntl
 import os
-from _thread import RLock
 import time
+from _thread import RLock
 
 from ..errors import Busy
 

@@ -2,10 +2,11 @@
 
 Many processes share one log. Every append holds ``.agent-tx/lock``; before writing, the
 appender reads what others appended since it last looked, repairs a torn tail left by a killed
-writer (copy it aside to ``wal.bin.torn-<offset>``, cut it off, fsync), and re-opens the file when compaction replaced it (the inode under
-the lock is not the one it holds). Readers need no lock: they read complete frames and stop at a
-partial one; anything that looks damaged is looked at again under the lock before it is
-repaired (a torn tail) or reported (corruption, with its offset).
+writer (copy it aside to ``wal.bin.torn-<offset>``, cut it off, fsync), and re-opens the file
+when compaction replaced it (the inode under the lock is not the one it holds). Readers need
+no lock: they read complete frames and stop at a partial one; anything that looks damaged is
+looked at again under the lock before it is repaired (a torn tail) or reported (corruption,
+with its offset).
 
 A ``Batch`` tells the caller what is new: ``reset`` means the file was replaced and ``records``
 is its whole content; otherwise ``records`` follow what the caller saw before.

@@ -36,11 +36,12 @@ def _rmtree(path: str) -> None:
 def discard(path: str, trash_dir: str) -> None:
     """Make ``path`` disappear now; delete its content now or in the background."""
     try:
-        count = sum(1 for _ in zip(range(INLINE_ENTRIES_MAX + 1), os.scandir(path)))
+        with os.scandir(path) as it:
+            entries = [e for _, e in zip(range(INLINE_ENTRIES_MAX + 1), it, strict=False)]
     except FileNotFoundError:
         return
-    if count <= INLINE_ENTRIES_MAX and not any(
-            e.is_dir(follow_symlinks=False) for e in os.scandir(path)):
+    if len(entries) <= INLINE_ENTRIES_MAX and not any(
+            e.is_dir(follow_symlinks=False) for e in entries):
         _rmtree(path)
         return
     target = os.path.join(trash_dir, f"{os.path.basename(path)}-{os.urandom(4).hex()}")
@@ -49,15 +50,17 @@ def discard(path: str, trash_dir: str) -> None:
 
 
 def sweep_in_background(trash_dir: str) -> None:
-    """Start a detached process that empties ``trash_dir``."""
+    """Start a detached process that empties ``trash_dir``.
+
+    The shell starts it in the background and exits at once, so the sweeper belongs to init,
+    not to us: no zombie is left in a long-lived caller, and nobody waits for it.
+    """
     import subprocess
     import sys
 
-    subprocess.Popen(
-        [sys.executable, "-c", "import sys; from agent_2pc.storage.scratch import empty; "
-         "empty(sys.argv[1])", trash_dir],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, close_fds=True)
+    code = "import sys; from agent_2pc.storage.scratch import empty; empty(sys.argv[1])"
+    subprocess.run(["/bin/sh", "-c", '"$0" -c "$1" "$2" </dev/null >/dev/null 2>&1 &',
+                    sys.executable, code, trash_dir], check=False, timeout=30)
 
 
 def empty(trash_dir: str) -> None:

@@ -98,7 +98,8 @@ def decode(buf: bytes | memoryview, start: int = 0) -> Decoded:
     while offset < size:
         record, nxt, reason = _frame_at(buf, offset)
         if record is None:
-            return Decoded(records, offset, Damage(offset, reason, not _valid_frame_after(buf, offset)))
+            torn = not _valid_frame_after(buf, offset)
+            return Decoded(records, offset, Damage(offset, reason, torn))
         records.append(record)
         offset = nxt
     return Decoded(records, offset, None)

@@ -8,7 +8,7 @@ Layout (docs/format.md has the details)::
       lock             flock: appends to the log and log replacement (compaction)
       commit.lock      flock: serializes prepare..end of transactions (and their recovery)
       objects/xx/...   content-addressed staged content; objects/tmp/ for blobs being written
-      preimages/<sha>  what commits replaced or deleted, kept by hard link
+      preimages/<tid>/ what the commit of <tid> replaced or deleted, kept by hard link
       tx/<tid>/lock    flock: held while a process works on that transaction (tells liveness)
       history.jsonl    one line per finished transaction, moved out of the log by compaction
       trash/           what is being deleted in the background

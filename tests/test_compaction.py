@@ -1,0 +1,80 @@
+"""Compaction keeps the log short whatever the history, loses no answer, and garbage
+collection never takes what a live transaction still names."""
+
+from __future__ import annotations
+
+import os
+
+from agent_2pc import Agent2PC
+from agent_2pc.coordinator import engine as engine_mod
+from agent_2pc.storage import wal_format
+
+
+def _records_in_log(root) -> int:
+    return len(wal_format.decode((root / ".agent-tx" / "wal.bin").read_bytes()).records)
+
+
+def test_automatic_compaction_bounds_the_log_and_keeps_every_answer(tmp_path):
+    client = Agent2PC.init(tmp_path)
+    tids = []
+    for i in range(3 * engine_mod.COMPACT_FINISHED_MAX + 5):
+        tx = client.begin(label=f"n{i}")
+        tx.stage_write(f"f{i % 7}.txt", f"{i}\n")
+        tx.commit()
+        tids.append(tx.tid)
+    open_tx = client.begin(label="still open")
+    open_tx.stage_write("open.txt", "pending\n")
+    # At most one batch of finished transactions (5 records each) plus the open one.
+    assert _records_in_log(tmp_path) <= engine_mod.COMPACT_FINISHED_MAX * 5 + 2
+    rows = {r["tid"]: r for r in Agent2PC(tmp_path).transactions()}
+    assert all(rows[t]["state"] == "committed" for t in tids)
+    assert rows[open_tx.tid]["state"] == "active"
+    fresh = Agent2PC(tmp_path)
+    assert fresh.engine.commit(tids[0])["state"] == "committed"  # the same answer, from history
+    assert fresh.engine.commit(open_tx.tid)["files"] == ["open.txt"]
+
+
+def test_explicit_compact_leaves_only_live_transactions(tmp_path):
+    client = Agent2PC.init(tmp_path)
+    done = client.begin()
+    done.stage_write("a.txt", "a\n")
+    done.commit()
+    live = client.begin()
+    live.stage_write("b.txt", "b\n")
+    out = client.compact()
+    assert out["after_bytes"] < out["before_bytes"]
+    recs = wal_format.decode((tmp_path / ".agent-tx" / "wal.bin").read_bytes()).records
+    assert {r["tid"] for r in recs} == {live.tid}
+    assert live.commit()["state"] == "committed"
+    assert (tmp_path / "b.txt").read_text() == "b\n"
+
+
+def test_garbage_collection_keeps_blobs_of_live_transactions(tmp_path, monkeypatch):
+    (tmp_path / "old.txt").write_text("before\n")
+    client = Agent2PC.init(tmp_path)
+    done = client.begin()
+    done.stage_write("old.txt", "after\n")
+    done.commit()
+    live = client.begin()
+    live.stage_write("pending.txt", "still needed\n")
+    monkeypatch.setattr(engine_mod, "BLOB_GRACE_S", 0.0)
+    monkeypatch.setattr(engine_mod, "PREIMAGE_RETENTION_S", 0.0)
+    out = client.compact()
+    assert out["blobs_collected"] >= 1 and out["preimages_collected"] == 1
+    remaining = [e.name for fan in os.scandir(tmp_path / ".agent-tx" / "objects")
+                 if len(fan.name) == 2 for e in os.scandir(fan.path)]
+    assert len(remaining) == 1  # the live transaction's blob
+    assert live.commit()["state"] == "committed"
+    assert (tmp_path / "pending.txt").read_text() == "still needed\n"
+
+
+def test_preimages_keep_what_a_commit_replaced(tmp_path):
+    (tmp_path / "a.txt").write_text("original\n")
+    client = Agent2PC.init(tmp_path)
+    tx = client.begin()
+    tx.stage_write("a.txt", "replaced\n")
+    tx.stage_write("b.txt", "new\n")
+    tx.commit()
+    kept = tmp_path / ".agent-tx" / "preimages" / tx.tid
+    assert sorted(p.name for p in kept.iterdir()) == ["0"]
+    assert (kept / "0").read_text() == "original\n"

@@ -28,10 +28,17 @@ def octal_mode(value: str) -> int:
 
 
 def _read_source(path: str) -> int:
+    """Open an input file (content, patch, manifest): a bad one is a usage error."""
+    import stat
+
     try:
-        return os.open(path, os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}", path=path) from None
+    if stat.S_ISDIR(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"cannot read {path}: it is a directory", path=path)
+    return fd
 
 
 # -- runners ---------------------------------------------------------------------------------

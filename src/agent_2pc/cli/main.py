@@ -39,6 +39,25 @@ class Context:
         return self._client
 
 
+# Options whose bytes are content, passed on as they are (surrogate escapes turn back into the
+# original bytes); every other value is recorded as JSON text and must be UTF-8.
+_RAW_BYTES = frozenset({"content", "old", "new", "argv"})
+
+
+def _check_utf8(args: dict[str, Any]) -> None:
+    for key, value in args.items():
+        if key in _RAW_BYTES:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    flag = "--" + key.replace("_", "-")
+                    raise UsageError(f"{flag} is not valid UTF-8; agent-2pc records names, "
+                                     "paths and labels as UTF-8 text") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from .commands import COMMANDS
@@ -55,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = path[-1]
     ctx = Context(args)
     try:
+        _check_utf8(args)
         assert cmd.run is not None, cmd.name
         result = cmd.run(ctx, args)
     except Agent2PCError as err:

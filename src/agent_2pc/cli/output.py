@@ -36,7 +36,14 @@ def failure(err: Agent2PCError) -> dict[str, Any]:
 
 
 def emit_json(obj: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    text = json.dumps(obj, ensure_ascii=False)
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from a non-UTF-8 argument: escape it
+        data = json.dumps(obj, ensure_ascii=True).encode("ascii")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(data + b"\n")
+    sys.stdout.buffer.flush()
 
 
 def default_text(result: dict[str, Any]) -> str:

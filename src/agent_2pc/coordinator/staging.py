@@ -203,8 +203,9 @@ class Staging:
 
     def stage_replace(self, tid: str, path: str, old: str | bytes, new: str | bytes,
                       all: bool = False) -> dict[str, Any]:
-        old_b = old.encode("utf-8") if isinstance(old, str) else old
-        new_b = new.encode("utf-8") if isinstance(new, str) else new
+        # surrogateescape: the CLI hands over non-UTF-8 argument bytes that way.
+        old_b = old.encode("utf-8", "surrogateescape") if isinstance(old, str) else old
+        new_b = new.encode("utf-8", "surrogateescape") if isinstance(new, str) else new
         if not old_b:
             raise UsageError("--old must not be empty")
         rel = resolve(self.root, path)
@@ -276,8 +277,8 @@ class Staging:
         from ..core.textdiff import diff_file
 
         with self.locked(tid) as tx:
-            if isinstance(tx, dict):
-                return {"files": [], "diff": ""}
+            if isinstance(tx, dict) or tx.state in ("committed", "aborted"):
+                return {"files": [], "diff": ""}  # a finished transaction changes nothing more
             files = []
             texts = []
             for op in tx.changes():

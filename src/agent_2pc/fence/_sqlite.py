@@ -1,0 +1,315 @@
+"""The SQLite store: every process of one host (the default, in ``.agent-tx/fence.db``).
+
+Each thread has its own connection. The database runs in WAL mode with ``synchronous=FULL``
+(NORMAL can lose a committed decision at a power cut). A decision is one ``BEGIN IMMEDIATE``
+transaction: SQLite's write lock is the intent lock and the domain lock at once, so the ledger's
+checks and claims are atomic across any number of domains. Snapshots are plain reads, which in WAL
+mode neither wait for nor block the writer; that is why a storm of replays scales across
+processes. Lock waits are bounded by ``busy_timeout``. The clock is the host's (time.time()).
+
+Schema (version 1, ``PRAGMA user_version``)::
+
+    fence_entries(intent PK, fingerprint, state, generation, token, lease_id, lease_expires_at,
+                  request JSON, cert JSON, reason, created_at, updated_at, expires_at)
+    fence_domains(name PK, seq, clock JSON, claims JSON or NULL, updated_at)
+    fence_counters(name PK, n)
+    fence_meta(key PK, value)          -- 'token': the last fencing token drawn
+"""
+
+from __future__ import annotations
+
+import _thread
+import json
+import os
+import sqlite3
+import time
+
+from ..errors import Busy, UsageError, WorkspaceError
+from ._ledger import STATES, Decision, Domain, Entry
+from ._store import (
+    ENTRY_COLUMNS,
+    BaseTxn,
+    CounterBuffer,
+    Store,
+    domain_claims,
+    domain_from_row,
+    entry_from_row,
+    entry_to_row,
+)
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+if TYPE_CHECKING:
+    from ._ledger import Txn
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 10.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS fence_entries (
+    intent TEXT PRIMARY KEY,
+    fingerprint TEXT NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('running', 'done', 'failed', 'fenced')),
+    generation INTEGER NOT NULL,
+    token INTEGER NOT NULL,
+    lease_id TEXT NOT NULL,
+    lease_expires_at REAL,
+    request TEXT NOT NULL,
+    cert TEXT,
+    reason TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS fence_entries_expiry ON fence_entries (expires_at)
+    WHERE expires_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS fence_entries_open ON fence_entries (state)
+    WHERE state IN ('running', 'fenced');
+CREATE TABLE IF NOT EXISTS fence_domains (
+    name TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    clock TEXT,
+    claims TEXT,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS fence_domains_idle ON fence_domains (updated_at)
+    WHERE claims IS NULL;
+CREATE TABLE IF NOT EXISTS fence_counters (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS fence_meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+INSERT OR IGNORE INTO fence_meta (key, value) VALUES ('token', 0);
+"""
+
+_COLS = ", ".join(ENTRY_COLUMNS)
+_SELECT_ENTRY = f"SELECT {_COLS} FROM fence_entries WHERE intent = ?"
+_PUT_ENTRY = (f"INSERT OR REPLACE INTO fence_entries ({_COLS}) "
+              f"VALUES ({', '.join('?' * len(ENTRY_COLUMNS))})")
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def _busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class _SqliteTxn(BaseTxn):
+    def __init__(self, conn: sqlite3.Connection, now: float, entry: Entry | None) -> None:
+        super().__init__(now, entry)
+        self._conn = conn
+
+    def _lock_domains(self, names: list[str]) -> dict[str, Domain]:
+        # BEGIN IMMEDIATE already holds the database's write lock: reading is locking.
+        out = {n: Domain(n, updated_at=self.now) for n in names}
+        if names:
+            marks = ", ".join("?" * len(names))
+            rows = self._conn.execute(
+                f"SELECT name, seq, clock, claims, updated_at FROM fence_domains "
+                f"WHERE name IN ({marks})", names).fetchall()
+            for row in rows:
+                out[row[0]] = domain_from_row(row, json.loads)
+        return out
+
+    def peek(self, intent: str) -> Entry | None:
+        row = self._conn.execute(_SELECT_ENTRY, (intent,)).fetchone()
+        return entry_from_row(row, json.loads) if row else None
+
+    def token(self) -> int:
+        row = self._conn.execute("UPDATE fence_meta SET value = value + 1 WHERE key = 'token' "
+                                 "RETURNING value").fetchone()
+        return int(row[0])
+
+
+class SqliteStore(Store):
+    clock = "host"
+
+    def __init__(self, url: str, path: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+        self.url = url
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self._local = _thread._local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = _thread.allocate_lock()
+        self._closed = False
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            raise UsageError(f"no directory {parent} for the fence store {url}")
+        self._ensure_schema(self._conn())
+
+    # -- connections ----------------------------------------------------------------------------
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        if self._closed:
+            raise UsageError("the fence store is closed")
+        try:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
+                                   check_same_thread=False)
+            conn.execute("PRAGMA synchronous = FULL")
+        except sqlite3.Error as exc:
+            raise WorkspaceError(f"cannot open the fence store {self.path}: {exc}",
+                                 code="store_unavailable") from exc
+        self._local.conn = conn
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    def _ensure_schema(self, conn: sqlite3.Connection) -> None:
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                return
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version not in (0, SCHEMA_VERSION):
+                    raise WorkspaceError(f"the fence store {self.path} has schema version "
+                                         f"{version}; this agent-2pc knows {SCHEMA_VERSION}",
+                                         code="store_unavailable")
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            self.close()
+            if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
+                raise Busy(f"the fence store {self.path} stayed locked for "
+                           f"{self.busy_timeout_s:g} s") from exc
+            raise WorkspaceError(f"cannot use the fence store {self.path}: {exc}",
+                                 code="store_unavailable") from exc
+
+    # -- the contract ---------------------------------------------------------------------------
+
+    def now(self) -> float:
+        return time.time()
+
+    def snapshot(self, intent: str) -> tuple[float, Entry | None]:
+        now = time.time()
+        row = self._conn().execute(_SELECT_ENTRY, (intent,)).fetchone()
+        return now, (entry_from_row(row, json.loads) if row else None)
+
+    def decide(self, intent: str, fn: Callable[[Txn], Decision],
+               counters: CounterBuffer) -> Decision:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _busy(exc):
+                raise Busy(f"the fence store stayed locked for {self.busy_timeout_s:g} s",
+                           intent=intent) from exc
+            raise
+        taken: dict[str, int] = {}
+        try:
+            now = time.time()
+            row = conn.execute(_SELECT_ENTRY, (intent,)).fetchone()
+            entry = entry_from_row(row, json.loads) if row else None
+            dec = fn(_SqliteTxn(conn, now, entry))
+            if not dec.writes:
+                conn.execute("ROLLBACK")  # nothing to write (a token drawn is simply skipped)
+                return dec
+            if dec.entry is not None:
+                assert dec.entry.intent == intent
+                conn.execute(_PUT_ENTRY, entry_to_row(dec.entry, _dumps))
+            for d in dec.domains:
+                claims = domain_claims(d)
+                conn.execute("INSERT OR REPLACE INTO fence_domains "
+                             "(name, seq, clock, claims, updated_at) VALUES (?, ?, ?, ?, ?)",
+                             (d.name, d.seq, _dumps(d.clock) if d.clock else None,
+                              _dumps(claims) if claims else None, d.updated_at))
+            taken = counters.take()
+            taken_all = dict(taken)
+            for name, n in dec.counters.items():
+                taken_all[name] = taken_all.get(name, 0) + n
+            self._add(conn, taken_all)
+            conn.execute("COMMIT")
+            return dec
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            counters.add_all(taken)
+            raise
+
+    def get(self, intent: str) -> Entry | None:
+        return self.snapshot(intent)[1]
+
+    @staticmethod
+    def _add(conn: sqlite3.Connection, delta: dict[str, int]) -> None:
+        for name, n in delta.items():
+            if n:
+                conn.execute("INSERT INTO fence_counters (name, n) VALUES (?, ?) "
+                             "ON CONFLICT (name) DO UPDATE SET n = n + excluded.n", (name, n))
+
+    def add_counters(self, delta: dict[str, int]) -> None:
+        if not any(delta.values()):
+            return
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._add(conn, delta)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def counters(self) -> dict[str, int]:
+        rows = self._conn().execute("SELECT name, n FROM fence_counters").fetchall()
+        return {name: int(n) for name, n in rows}
+
+    def summary(self, limit: int) -> dict[str, Any]:
+        conn = self._conn()
+        conn.execute("BEGIN")  # one read snapshot for the whole summary
+        try:
+            states = {s: 0 for s in STATES}
+            for state, n in conn.execute(
+                    "SELECT state, count(*) FROM fence_entries GROUP BY state"):
+                states[state] = int(n)
+            domains = conn.execute("SELECT count(*) FROM fence_domains").fetchone()[0]
+            lists = {}
+            for state in ("fenced", "running"):
+                lists[state] = [r[0] for r in conn.execute(
+                    "SELECT intent FROM fence_entries WHERE state = ? ORDER BY intent LIMIT ?",
+                    (state, limit))]
+        finally:
+            conn.execute("COMMIT")
+        return {"states": states, "domains": int(domains), **lists}
+
+    def sweep(self, idle_s: float, limit: int) -> int:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            now = time.time()
+            n = conn.execute(
+                "DELETE FROM fence_entries WHERE rowid IN (SELECT rowid FROM fence_entries "
+                "WHERE expires_at <= ? AND state IN ('done', 'failed') LIMIT ?)",
+                (now, limit)).rowcount
+            n += conn.execute(
+                "DELETE FROM fence_domains WHERE rowid IN (SELECT rowid FROM fence_domains "
+                "WHERE claims IS NULL AND updated_at <= ? LIMIT ?)",
+                (now - idle_s, limit)).rowcount
+            conn.execute("COMMIT")
+            return n
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        self._closed = True
+        with self._all_lock:
+            conns, self._all = self._all, []
+        for conn in conns:
+            conn.close()
+        self._local = _thread._local()

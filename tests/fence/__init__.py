@@ -1,0 +1,1 @@
+"""Tests of the effect fence (a package, so that its conftest does not shadow tests/conftest.py)."""

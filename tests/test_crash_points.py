@@ -137,7 +137,35 @@ def compact_crash(point: str):
     return scenario
 
 
+def api_crash(point: str):
+    """A transaction with files and a remote call dies at an API point of its commit: recover
+    rolls it back, and the service ends with the charge undone exactly once (or never made)."""
+    def scenario(w: World) -> None:
+        from api_server import Service
+
+        service = Service()
+        try:
+            w.client.get(w.tid).stage_api(
+                "POST", f"{service.url}/charges", {"amount": 5},
+                compensate={"method": "POST", "url": f"{service.url}/refunds",
+                            "body": {"amount": 5}})
+            w.crash(point, "commit", "--tid", w.tid)
+            out = w.recover()
+            assert w.tid in out["rolled_back"], out
+            assert snapshot(w.root) == w.old and w.state() == "aborted"
+            assert service.performed["/charges"] == service.performed["/refunds"] <= 1
+            assert len({k for _, p, k in service.requests if p == "/charges"}) <= 1
+            w.recover()
+            assert service.performed["/charges"] == service.performed["/refunds"] <= 1
+        finally:
+            service.close()
+    return scenario
+
+
 SCENARIOS = {
+    "api.before_send": api_crash("api.before_send"),
+    "api.after_send": api_crash("api.after_send"),
+    "api.after_record": api_crash("api.after_record:2"),
     "prepare.before_decision": commit_crash("prepare.before_decision", "old", "rolled_back"),
     "commit.after_decision": commit_crash("commit.after_decision", "new", "rolled_forward"),
     "commit.mid_apply": commit_crash("commit.mid_apply:2", "new", "rolled_forward"),

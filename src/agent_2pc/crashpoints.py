@@ -26,6 +26,9 @@ POINTS: dict[str, str] = {
     "abort.after_decision": "the abort decision is written; scratch not cleaned",
     "wal.torn_append": "half of a log append is written (a torn tail)",
     "wal.after_truncate": "a torn tail was cut off and synced; nothing appended yet",
+    "api.before_send": "an HTTP call's lease is held and logged; the request is not sent",
+    "api.after_send": "an HTTP call was answered; the answer is not recorded anywhere",
+    "api.after_record": "a result record of an HTTP call (or its compensation) is logged",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
 }

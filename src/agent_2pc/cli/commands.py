@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
-from .args import FLAG, Command, Opt, int_arg
+from .args import FLAG, MULTI, Command, Opt, int_arg
 from .fence import FENCE
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -98,6 +98,33 @@ def run_stage_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().engine.stage_patch(args["tid"], patch)
 
 
+def _json_arg(flag: str, value: str | None) -> Any:
+    if value is None:
+        return None
+    import json
+
+    try:
+        return json.loads(value)
+    except ValueError as exc:
+        raise UsageError(f"{flag} is not JSON: {exc}") from None
+
+
+def run_stage_api(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    headers: dict[str, str] = {}
+    for item in args["header"]:
+        name, sep, value = item.partition(":")
+        if not sep:
+            raise UsageError(f"--header takes NAME:VALUE, not {item!r}")
+        headers[name.strip()] = value.strip()
+    compensate = None
+    if args["compensate_method"] or args["compensate_url"] or args["compensate_body"]:
+        compensate = {"method": args["compensate_method"], "url": args["compensate_url"],
+                      "body": _json_arg("--compensate-body", args["compensate_body"])}
+    return ctx.client().engine.stage_api(
+        args["tid"], args["method"], args["url"], _json_arg("--body", args["body"]), headers,
+        args["idempotency_key"], compensate)
+
+
 def run_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().engine.diff(args["tid"], stat_only=args["stat"])
 
@@ -165,6 +192,12 @@ def text_staged(r: dict[str, Any]) -> str:
              f" ({r['replacements']} replacement{'s' if r['replacements'] != 1 else ''})"
              if "replacements" in r else "")
     return f"staged {r['op']} {r['path']}{extra}"
+
+
+def text_api(r: dict[str, Any]) -> str:
+    comp = " (with a compensation)" if r["compensate"] else ""
+    return (f"staged call {r['n']}: {r['method']} {r['url']}{comp}, "
+            f"Idempotency-Key {r['idempotency_key']}")
 
 
 def text_patch(r: dict[str, Any]) -> str:
@@ -250,6 +283,20 @@ COMMANDS: tuple[Command, ...] = (
         Opt("--patch-file", metavar="F", help="read the diff from file F"),
         Opt("--stdin", FLAG, help="read the diff from standard input")),
         one_of=(("patch_file", "stdin"),), extra={"text": text_patch}),
+    Command("stage-api", "stage an HTTP call, sent exactly once at commit (compensated on abort)",
+            run_stage_api, (
+                TID,
+                Opt("--method", required=True, metavar="M", help="GET, POST, PUT, DELETE, ..."),
+                Opt("--url", required=True, metavar="U", help="an http:// or https:// URL"),
+                Opt("--body", metavar="JSON", help="the request body, as JSON"),
+                Opt("--header", MULTI, metavar="K:V", help="a request header (repeatable)"),
+                Opt("--idempotency-key", metavar="K",
+                    help="the Idempotency-Key (default: one made for this call)"),
+                Opt("--compensate-method", metavar="M", help="the call that undoes it, if the "
+                    "transaction aborts after it may have happened"),
+                Opt("--compensate-url", metavar="U", help="the compensation's URL"),
+                Opt("--compensate-body", metavar="JSON", help="the compensation's body")),
+            extra={"text": text_api}),
     Command("diff", "show what the transaction would change", run_diff, (
         TID, Opt("--stat", FLAG, help="a summary per file instead of the diff")),
         extra={"text": text_diff}),

@@ -5,8 +5,9 @@
                                                    "content": "..."}}, ...]}
 
 Step types: ``fs_write`` (path, content | content_base64, mode), ``fs_delete`` (path),
-``fs_replace`` (path, old, new, all), ``fs_patch`` (patch). A step may also be given as the
-intent itself (``{"type": "fs_write", ...}``). The whole manifest is checked before the
+``fs_replace`` (path, old, new, all), ``fs_patch`` (patch), ``api`` (method, url, body,
+headers, idempotency_key, compensate: an HTTP call sent exactly once at commit). A step may
+also be given as the intent itself (``{"type": "fs_write", ...}``). The whole manifest is checked before the
 transaction begins, so a malformed one changes nothing; a step that fails aborts the
 transaction, and the error names the step.
 """
@@ -29,6 +30,7 @@ _FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # type: (requir
     "fs_delete": (("path",), ()),
     "fs_replace": (("path", "old", "new"), ("all",)),
     "fs_patch": (("patch",), ()),
+    "api": (("method", "url"), ("body", "headers", "idempotency_key", "compensate")),
 }
 _LATER = {"command": "command steps run in the staged view, which is not built yet",
           "exec": "exec steps run in the staged view, which is not built yet"}
@@ -87,6 +89,11 @@ def _parse_step(i: int, step: Any) -> dict[str, Any]:
         if name in ("all",):
             if value is not None and not isinstance(value, bool):
                 raise _bad(f"{name!r} must be true or false", i)
+        elif name in ("body",):
+            pass  # any JSON value
+        elif name in ("headers", "compensate"):
+            if value is not None and not isinstance(value, dict):
+                raise _bad(f"{name!r} must be a JSON object", i)
         elif name == "mode":
             if value is not None and not (isinstance(value, int) or (
                     isinstance(value, str) and value.isdigit())):
@@ -120,6 +127,10 @@ def _execute(tx: Transaction, intent: dict[str, Any]) -> dict[str, Any]:
     if kind == "fs_replace":
         return tx.stage_replace(intent["path"], intent["old"], intent["new"],
                                 all=bool(intent.get("all")))
+    if kind == "api":
+        return tx.stage_api(intent["method"], intent["url"], intent.get("body"),
+                            intent.get("headers"), intent.get("idempotency_key"),
+                            intent.get("compensate"))
     assert kind == "fs_patch", kind
     return tx.stage_patch(intent["patch"])
 

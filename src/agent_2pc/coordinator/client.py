@@ -128,6 +128,15 @@ class Transaction:
     def stage_patch(self, patch: str | bytes) -> dict[str, Any]:
         return self._engine.stage_patch(self.tid, patch)
 
+    def stage_api(self, method: str, url: str, body: Any = None,
+                  headers: dict[str, str] | None = None, idempotency_key: str | None = None,
+                  compensate: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Stage an HTTP call: sent once at commit with an Idempotency-Key, after the files
+        were checked; if the transaction then aborts, ``compensate`` ({method, url, body}) is
+        sent for it, also exactly once."""
+        return self._engine.stage_api(self.tid, method, url, body, headers, idempotency_key,
+                                      compensate)
+
     def savepoint(self, name: str) -> dict[str, Any]:
         return self._engine.savepoint(self.tid, name)
 

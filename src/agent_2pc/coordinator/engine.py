@@ -30,9 +30,11 @@ from ..core.states import (
     IllegalTransition,
     Tx,
     apply_record,
+    effects_summary,
     iso_ms,
 )
 from ..errors import (
+    Agent2PCError,
     ApplyIncomplete,
     BadState,
     CorruptWal,
@@ -41,6 +43,8 @@ from ..errors import (
     UnknownTid,
     UsageError,
 )
+from ..participants.api import ApiParticipant
+from ..participants.api import lease_ttl_s as api_lease_ttl_s
 from ..participants.fs import FileParticipant, Vote
 from ..storage import history
 from ..storage.blobs import BlobStore
@@ -96,6 +100,7 @@ class Engine(Staging):
         self.blobs = BlobStore(self.layout.objects, self.layout.preimages)
         self.commit_lock = FileLock(self.layout.commit_lock)
         self.fs = FileParticipant(root, self.blobs)
+        self.api = ApiParticipant(self._open_fence)
         self.boot = boot_id()
         self.txs: dict[str, Tx] = {}
         self._mutex = RLock()
@@ -107,6 +112,17 @@ class Engine(Staging):
         self._refresh()
         if recover_dead and any(tx.state in IN_FLIGHT for tx in self.txs.values()):
             self._recover_dead()
+
+    def _open_fence(self) -> Any:
+        """The fence the API participant runs on: SQLite in .agent-tx/ (opened on first use)."""
+        from ..fence import open_fence
+
+        return open_fence(f"sqlite:///{os.path.join(self.layout.dir, 'fence.db')}",
+                          lease_ttl=api_lease_ttl_s())
+
+    def close(self) -> None:
+        self.api.close()
+        self.log.close()
 
     # -- the log -----------------------------------------------------------------------------
 
@@ -132,8 +148,8 @@ class Engine(Staging):
             self._absorb(self.log.append(records, sync=sync))
 
     @staticmethod
-    def _rec(kind: str, tid: str, **fields: Any) -> dict[str, Any]:
-        rec: dict[str, Any] = {"type": kind, "tid": tid, "ts": now_ms()}
+    def _rec(rtype: str, tid: str, /, **fields: Any) -> dict[str, Any]:
+        rec: dict[str, Any] = {"type": rtype, "tid": tid, "ts": now_ms()}
         rec.update(fields)
         return rec
 
@@ -254,25 +270,45 @@ class Engine(Staging):
     def _prepare(self, tid: str) -> Tx:
         """Record the start of prepare and collect the votes; abort on the first no."""
         self._append([self._rec("prepare", tid, pid=os.getpid())])
-        tx = self.txs[tid]
+        vote = self._vote(self.txs[tid])
+        if not vote.yes:
+            code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
+            self._abort_locked(self.txs[tid], code, reason)
+            extra = {"uncompensated": self.txs[tid].uncompensated} if (
+                tid in self.txs and self.txs[tid].uncompensated) else {}
+            raise TransactionAborted(reason, code=code, tid=tid, **extra)
+        return self.txs[tid]
+
+    def _vote(self, tx: Tx) -> Vote:
+        """Ask the participants in turn; the first no stops the rest. The files go first: a
+        conflict must abort before any remote call is made."""
         try:
-            vote = self.fs.prepare(tx, self.layout.tx_dir(tid))
+            vote = self.fs.prepare(tx, self.layout.tx_dir(tx.tid))
         except OSError as exc:  # a participant that raises has voted no
             vote = Vote.no("prepare_failed", f"preparing the files failed: {exc}")
-        if not vote.yes:
-            self.fs.forget(tid)
-            code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
-            self._append([self._rec("decision", tid, outcome="abort", code=code, reason=reason),
-                          self._end(tid, ABORTED)])
-            discard(self.layout.tx_dir(tid), self.layout.trash)
-            raise TransactionAborted(reason, code=code, tid=tid)
-        return tx
+        if vote.yes and tx.effects:
+            try:
+                vote = self.api.prepare(tx, self._recorder(tx.tid))
+            except (OSError, Agent2PCError) as exc:
+                vote = Vote.no(getattr(exc, "code", "prepare_failed"),
+                               f"the remote calls could not be made: {exc}")
+        return vote
+
+    def _recorder(self, tid: str) -> Any:
+        """A callback that logs one ``result`` record of ``tid``, synced when asked."""
+        def record(fields: dict[str, Any], sync: bool) -> None:
+            self._append([self._rec("result", tid, **fields)], sync=sync)
+            crashpoints.hit("api.after_record")
+        return record
 
     def _end(self, tid: str, state: str, files: list[str] | None = None,
-             diverged: list[str] | None = None) -> dict[str, Any]:
+             diverged: list[str] | None = None, uncompensated: list[int] | None = None
+             ) -> dict[str, Any]:
         fields: dict[str, Any] = {"state": state, "files": files or []}
         if diverged:
             fields["diverged"] = diverged
+        if uncompensated:
+            fields["uncompensated"] = uncompensated
         return self._rec("end", tid, **fields)
 
     def _answer_again(self, tx: Tx | dict[str, Any], wanted: str) -> dict[str, Any]:
@@ -297,6 +333,10 @@ class Engine(Staging):
         out = {"tid": tx.tid, "state": tx.state, "files": tx.files}
         if tx.diverged:
             out["diverged"] = tx.diverged
+        if tx.effects:
+            out["effects"] = effects_summary(tx)
+        if tx.uncompensated:
+            out["uncompensated"] = tx.uncompensated
         return out
 
     # -- abort -------------------------------------------------------------------------------
@@ -317,8 +357,15 @@ class Engine(Staging):
         self.fs.forget(tx.tid)
         self._append([self._rec("decision", tx.tid, outcome="abort", code=code, reason=reason)])
         crashpoints.hit("abort.after_decision")
+        self._finish_abort(self.txs[tx.tid])
+
+    def _finish_abort(self, tx: Tx) -> None:
+        """Undo what may have happened remotely, drop the scratch, write the end record."""
+        left: list[int] = []
+        if tx.effects and any(r["type"] == "prepare" for r in tx.records):
+            left = self.api.compensate(tx, self._recorder(tx.tid))
         discard(self.layout.tx_dir(tx.tid), self.layout.trash)
-        self._append([self._end(tx.tid, ABORTED)])
+        self._append([self._end(tx.tid, ABORTED, uncompensated=left)])
 
     # -- recovery ----------------------------------------------------------------------------
 
@@ -351,8 +398,7 @@ class Engine(Staging):
             self._append([self._end(tx.tid, COMMITTED, applied.files, applied.diverged)])
             discard(scratch, self.layout.trash)
         elif act.kind == recovery.FINISH_ABORT:
-            discard(scratch, self.layout.trash)
-            self._append([self._end(tx.tid, ABORTED)])
+            self._finish_abort(tx)
         else:
             self._abort_locked(tx, act.code or "interrupted", act.reason or "")
 
@@ -552,6 +598,10 @@ def summary(tx: Tx) -> dict[str, Any]:
                 "code": tx.code, "reason": tx.reason})
     if tx.diverged:
         out["diverged"] = tx.diverged
+    if tx.effects:
+        out["effects"] = effects_summary(tx)
+    if tx.uncompensated:
+        out["uncompensated"] = tx.uncompensated
     return out
 
 

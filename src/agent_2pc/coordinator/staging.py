@@ -11,7 +11,7 @@ import os
 import stat
 
 from .. import crashpoints
-from ..core.states import Op, Tx, iso_ms
+from ..core.states import Op, Tx, effects_summary, iso_ms
 from ..errors import (
     AmbiguousMatch,
     NoMatch,
@@ -255,6 +255,29 @@ class Staging:
             self._append(records)
         return {"files": files}
 
+    def stage_api(self, tid: str, method: str, url: str, body: Any = None,
+                  headers: dict[str, str] | None = None, idempotency_key: str | None = None,
+                  compensate: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Stage a remote HTTP call, sent exactly once at commit (participants/api.py)."""
+        request = _http_request(method, url, body, headers)
+        comp = None
+        if compensate is not None:
+            if not isinstance(compensate, dict) or set(compensate) - {"method", "url", "body"}:
+                raise UsageError("a compensation is {method, url, body}")
+            if not compensate.get("method") or not compensate.get("url"):
+                raise UsageError("a compensation needs both a method and a URL")
+            comp = _http_request(compensate["method"], compensate["url"],
+                                 compensate.get("body"), headers)
+        with self.active(tid) as tx:
+            n = len(tx.effects)
+            key = idempotency_key if idempotency_key is not None else (
+                f"a2pc-{tid}-{n}-{os.urandom(4).hex()}")
+            _check_key(key)
+            self._append([self._rec("effect", tid, n=n, kind="http", request=request, key=key,
+                                    compensate=comp)])
+        return {"n": n, "method": request["method"], "url": request["url"],
+                "idempotency_key": key, "compensate": comp is not None}
+
     def savepoint(self, tid: str, name: str) -> dict[str, Any]:
         name = _check_name(name)
         with self.active(tid):
@@ -330,11 +353,65 @@ class Staging:
                             tx.changes()]
             row["reads"] = [{"path": p, "sha256": d} for p, d in tx.reads]
             row["savepoints"] = [s[0] for s in tx.savepoints]
+            if tx.effects:
+                row["effects"] = effects_summary(tx)
             if tx.deadline_ms:
                 row["expires_at"] = iso_ms(tx.deadline_ms)
             if tx.reason:
                 row["code"], row["reason"] = tx.code, tx.reason
             return {"transactions": [row]}
+
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+URL_CHARS_MAX = 8192
+BODY_BYTES_MAX = 1 << 20
+HEADERS_MAX = 64
+
+
+def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, Any]:
+    """Check a staged HTTP call completely (a bad one is refused before anything is logged)."""
+    import json
+
+    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
+        raise UsageError(f"the method must be one of {', '.join(sorted(HTTP_METHODS))}, "
+                         f"not {method!r}")
+    if not isinstance(url, str) or len(url) > URL_CHARS_MAX or not (
+            url.startswith("http://") or url.startswith("https://")):
+        raise UsageError(f"the URL must be http:// or https:// (at most {URL_CHARS_MAX} "
+                         f"characters), not {url!r}")
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        host = None
+    if not host:
+        raise UsageError(f"the URL has no host: {url!r}")
+    try:
+        encoded = json.dumps(body, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"the body must be JSON: {exc}") from None
+    if len(encoded) > BODY_BYTES_MAX:
+        raise UsageError(f"the body is larger than {BODY_BYTES_MAX} bytes")
+    clean: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not name or not all(
+                c.isalnum() or c in "-_" for c in name) or not isinstance(value, str) or any(
+                c in value for c in "\r\n\0"):
+            raise UsageError(f"bad header {name!r}: a name of letters, digits, '-', '_' and a "
+                             "single-line value")
+        if name.lower() == "idempotency-key":
+            raise UsageError("set the key with --idempotency-key, not as a header")
+        clean[name] = value
+    if len(clean) > HEADERS_MAX:
+        raise UsageError(f"at most {HEADERS_MAX} headers")
+    return {"method": method.upper(), "url": url, "headers": clean, "body": body}
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str) or not 0 < len(key) <= 255 or not key.isascii() or not \
+            key.isprintable():
+        raise UsageError("an idempotency key is 1 to 255 printable ASCII characters")
 
 
 def stat_text(files: list[dict[str, Any]]) -> str:

@@ -5,13 +5,18 @@ Records (the payloads of log frames; docs/format.md lists every field)::
     begin     {tid, ts, label, timeout_ms, boot, pid}              -> active
     read      {tid, ts, path, sha256}                               active
     stage     {tid, ts, path, op, via, blob, size, mode, pre}       active
+    effect    {tid, ts, n, kind, request, key, compensate}          active
     savepoint {tid, ts, name}                                       active
     rollback  {tid, ts, name}                                       active
     prepare   {tid, ts, pid}                                        active    -> preparing
     decision  {tid, ts, outcome: commit, ...}                       preparing -> committing
     decision  {tid, ts, outcome: abort, code, reason}               active | preparing -> aborting
+    result    {tid, ts, phase, n, outcome, ...}                     preparing, aborting
     end       {tid, ts, state: committed | aborted, files, ...}     committing -> committed,
                                                                     aborting -> aborted
+
+``effect`` stages a remote call (participants/api.py); ``result`` records what one attempt at an
+effect (phase ``effect``) or its compensation (phase ``compensate``) came to.
 
 ``ts`` is milliseconds since the epoch. A record that the table does not allow is an
 IllegalTransition: the log is corrupt or there is a bug, and nobody may guess.
@@ -40,6 +45,9 @@ TRANSITIONS: dict[tuple[str, str | None], str] = {
     ("begin", None): ACTIVE,
     ("read", ACTIVE): ACTIVE,
     ("stage", ACTIVE): ACTIVE,
+    ("effect", ACTIVE): ACTIVE,
+    ("result", PREPARING): PREPARING,
+    ("result", ABORTING): ABORTING,
     ("savepoint", ACTIVE): ACTIVE,
     ("rollback", ACTIVE): ACTIVE,
     ("prepare", ACTIVE): PREPARING,
@@ -90,8 +98,8 @@ class Tx:
     """A transaction as folded from its records (plain class: dataclasses import slowly)."""
 
     __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
-                 "savepoints", "outcome", "code", "reason", "files", "diverged", "ended_ms",
-                 "records")
+                 "effects", "results", "savepoints", "outcome", "code", "reason", "files",
+                 "diverged", "uncompensated", "ended_ms", "records")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
                  timeout_ms: int | None, boot: str | None) -> None:
@@ -103,12 +111,16 @@ class Tx:
         self.boot = boot
         self.ops: list[Op] = []
         self.reads: list[tuple[str, str | None]] = []
-        self.savepoints: list[tuple[str, int, int]] = []  # name, #ops, #reads at that point
+        self.effects: list[dict[str, Any]] = []  # the effect records, in staging order
+        self.results: dict[tuple[str, int], dict[str, Any]] = {}  # (phase, n) -> last result
+        # name, #ops, #reads, #effects at that point
+        self.savepoints: list[tuple[str, int, int, int]] = []
         self.outcome: str | None = None
         self.code: str | None = None
         self.reason: str | None = None
         self.files: list[str] = []
         self.diverged: list[str] = []
+        self.uncompensated: list[int] = []  # calls that may have happened and were not undone
         self.ended_ms: int | None = None
         self.records: list[dict[str, Any]] = []
 
@@ -140,7 +152,7 @@ class Tx:
             "state": self.state,
             "label": self.label,
             "created_at": iso_ms(self.created_ms),
-            "ops": len(self.ops),
+            "ops": len(self.ops) + len(self.effects),
         }
 
 
@@ -166,17 +178,24 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
                              mode=rec.get("mode"), pre=rec.get("pre")))
         elif t == "read":
             tx.reads.append((rec["path"], rec.get("sha256")))
+        elif t == "effect":
+            if rec["n"] != len(tx.effects):
+                raise IllegalTransition(tid, f"effect {rec['n']} out of order", tx.state)
+            tx.effects.append(rec)
+        elif t == "result":
+            tx.results[(rec["phase"], rec["n"])] = rec
         elif t == "savepoint":
             tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
-            tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads)))
+            tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads), len(tx.effects)))
         elif t == "rollback":
             idx = next((i for i, s in enumerate(tx.savepoints) if s[0] == rec["name"]), None)
             if idx is None:
                 raise IllegalTransition(tid, f"rollback to unknown savepoint {rec['name']!r}",
                                         tx.state)
-            _, n_ops, n_reads = tx.savepoints[idx]
+            _, n_ops, n_reads, n_effects = tx.savepoints[idx]
             del tx.ops[n_ops:]
             del tx.reads[n_reads:]
+            del tx.effects[n_effects:]
             del tx.savepoints[idx + 1:]
         elif t == "decision":
             tx.outcome = rec["outcome"]
@@ -185,9 +204,30 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
         elif t == "end":
             tx.files = list(rec.get("files", ()))
             tx.diverged = list(rec.get("diverged", ()))
+            tx.uncompensated = list(rec.get("uncompensated", ()))
             tx.ended_ms = rec["ts"]
     tx.records.append(rec)
     return tx
+
+
+def effects_summary(tx: Tx) -> list[dict[str, Any]]:
+    """One line per remote call: what it was and what came of it (and of its compensation)."""
+    rows = []
+    for eff in tx.effects:
+        n, req = eff["n"], eff["request"]
+        row: dict[str, Any] = {"n": n, "method": req["method"], "url": req["url"],
+                               "idempotency_key": eff["key"], "outcome": "not sent"}
+        res = tx.results.get(("effect", n))
+        if res is not None:
+            row["outcome"] = res["outcome"]
+            row["status"] = res.get("status")
+            if res.get("response") is not None:
+                row["response"] = res["response"]
+        comp = tx.results.get(("compensate", n))
+        if comp is not None:
+            row["compensation"] = {"outcome": comp["outcome"], "status": comp.get("status")}
+        rows.append(row)
+    return rows
 
 
 def fold(records: Iterable[dict[str, Any]], txs: dict[str, Tx] | None = None) -> dict[str, Tx]:

@@ -1,0 +1,255 @@
+"""The API participant: remote HTTP calls inside a transaction, each exactly once, with
+compensation on abort. Built on the effect fence (agent_2pc.fence).
+
+A staged call is sent during prepare, after the file participant voted yes (so a file conflict
+aborts before anything remote happens), and its success is this participant's yes vote:
+
+  prepare   for each call in order: fence.prepare(intent = its idempotency key, takeover=True:
+            the key makes a repeat safe); Replay -> it was done before, use the recorded result;
+            Fresh -> send with ``Idempotency-Key: <key>``:
+              2xx                                  -> fence.commit: done (vote yes so far)
+              4xx but 408/409/425/429              -> fence.abort(failed): it did not happen; no
+              a timeout, a dropped connection, 5xx,
+              408/409/425/429                      -> send again with the same key, a bounded
+                                                      number of times; still no answer ->
+                                                      fence.abort(unknown); no
+  abort     for each call, newest first, that may have happened (done, or unknown): resolve an
+            unknown outcome by sending the same request with the same key again (never a fresh
+            request); then send the compensation, fenced with the key ``<key>:compensate``.
+            A call that definitely did not happen is not compensated.
+
+Before a request leaves, a ``result`` record ``sending`` with the fence's ticket is logged and
+synced; after it, the outcome. A crash in between is resumed from the logged ticket: the same
+request with the same key, under the same lease. No ``sending`` record means it never left.
+A crash after the decision needs nothing from this participant: every call was settled before
+the decision.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .. import crashpoints
+from ..errors import FenceRefusal
+from .fs import YES, Vote
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from ..core.states import Tx
+    from ..fence import Fence
+
+    Recorder = Callable[[dict[str, Any], bool], None]  # (result fields, sync)
+
+TIMEOUT_S = float(os.environ.get("AGENT2PC_API_TIMEOUT_S", "30"))
+ATTEMPTS = int(os.environ.get("AGENT2PC_API_ATTEMPTS", "3"))
+BACKOFF_S = (0.2, 0.5, 1.0, 2.0)
+RESPONSE_BODY_CHARS_MAX = 64 * 1024
+RETRY_STATUSES = frozenset({408, 409, 425, 429})  # "not now": the same key may be sent again
+KEPT_HEADERS = ("content-type", "location", "idempotent-replayed", "request-id")
+
+DONE, FAILED, UNKNOWN, SKIPPED, UNCOMPENSATED, SENDING = (
+    "done", "failed", "unknown", "skipped", "uncompensated", "sending")
+
+def lease_ttl_s() -> float:
+    """A lease long enough for every attempt at one call (the fence's lease is per call)."""
+    return ATTEMPTS * TIMEOUT_S + sum(BACKOFF_S[:ATTEMPTS]) + 30.0
+
+
+class ApiParticipant:
+    name = "api"
+
+    def __init__(self, fence_factory: Callable[[], Fence]) -> None:
+        self._fence_factory = fence_factory
+        self._fence: Fence | None = None
+        self._http: Any = None
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    def fence(self) -> Fence:
+        if self._fence is None:
+            self._fence = self._fence_factory()
+        return self._fence
+
+    def _client(self) -> Any:
+        if self._http is None:
+            try:
+                import httpx
+            except ImportError:  # pragma: no cover - the api extra is missing
+                from ..errors import IsolationUnavailable
+
+                raise IsolationUnavailable(
+                    "API calls need httpx: pip install 'agent-2pc[api]'") from None
+            self._http = httpx.Client(timeout=TIMEOUT_S, follow_redirects=False)
+        return self._http
+
+    def close(self) -> None:
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+        if self._fence is not None:
+            self._fence.close()
+            self._fence = None
+
+    # -- prepare -----------------------------------------------------------------------------
+
+    def prepare(self, tx: Tx, record: Recorder) -> Vote:
+        try:
+            return self._prepare(tx, record)
+        finally:
+            self.close()  # no connection or store handle outlives the step
+
+    def _prepare(self, tx: Tx, record: Recorder) -> Vote:
+        for eff in tx.effects:
+            n = eff["n"]
+            last = tx.results.get(("effect", n))
+            if last is not None and last["outcome"] == DONE:
+                continue
+            res = self._call_logged(tx, "effect", n, eff["request"], eff["key"], record)
+            if res["outcome"] != DONE:
+                req = eff["request"]
+                why = res.get("error") or f"HTTP {res.get('status')}"
+                code = res.get("code") or ("effect_failed" if res["outcome"] == FAILED
+                                           else "effect_unknown")
+                return Vote.no(code, f"{req['method']} {req['url']}: {why}")
+        return YES
+
+    def _call_logged(self, tx: Tx, phase: str, n: int, request: dict[str, Any], key: str,
+                     record: Recorder) -> dict[str, Any]:
+        """``call``, resuming the lease a crashed attempt logged, and logging the outcome."""
+        last = tx.results.get((phase, n))
+        resume = last["ticket"] if last is not None and last["outcome"] == SENDING else None
+
+        def sending(ticket: dict[str, Any]) -> None:
+            # Synced before the request leaves: recovery must know it may have been sent.
+            record({"phase": phase, "n": n, "outcome": SENDING, "ticket": ticket}, True)
+
+        res = self.call(request, key, tx.tid, sending, resume)
+        record({"phase": phase, "n": n, **res}, False)
+        return res
+
+    def call(self, request: dict[str, Any], key: str, agent: str,
+             sending: Callable[[dict[str, Any]], None],
+             ticket_json: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Send ``request`` exactly once under the fence's intent ``key``; return its outcome:
+        {outcome, status, response, error, code} (status/response when there was an answer).
+
+        ``sending(ticket)`` is called once the lease is held and before the first byte leaves.
+        ``ticket_json`` resumes a lease that an earlier (crashed) attempt logged.
+        """
+        from ..fence import EffectRequest, Replay, Ticket
+
+        fence = self.fence()
+        ticket = None
+        if ticket_json is not None:
+            try:
+                ticket = Ticket.parse(ticket_json)
+                fence.heartbeat(ticket)  # still ours: send again under it, with the same key
+            except FenceRefusal:
+                ticket = None  # it ended or was taken over: the fence says what happened
+        if ticket is None:
+            req = EffectRequest(intent=key, domain=_domain(request["url"]),
+                                tool=f"http.{request['method'].lower()}",
+                                args={"method": request["method"], "url": request["url"],
+                                      "body": request.get("body")},
+                                agent=agent)
+            try:
+                adm = fence.prepare(req, takeover=True)
+            except FenceRefusal as exc:
+                return {"outcome": FAILED, "code": exc.code, "error": f"fence: {exc.message}"}
+            if isinstance(adm, Replay):
+                return {"outcome": DONE, **adm.cert.result, "replayed": True}
+            ticket = adm.ticket
+            sending(ticket.to_json())
+        last: dict[str, Any] = {}
+        for attempt in range(ATTEMPTS):
+            if attempt:
+                time.sleep(BACKOFF_S[min(attempt - 1, len(BACKOFF_S) - 1)])
+                fence.heartbeat(ticket)
+            crashpoints.hit("api.before_send")
+            last = self._send(request, key)
+            crashpoints.hit("api.after_send")
+            status = last.get("status")
+            if status is not None and 200 <= status < 300:
+                fence.commit(ticket, {"status": status, "response": last["response"]})
+                return {"outcome": DONE, **last}
+            if status is not None and status < 500 and status not in RETRY_STATUSES:
+                fence.abort(ticket, f"HTTP {status}", "failed")
+                return {"outcome": FAILED, **last}
+        fence.abort(ticket, last.get("error") or f"HTTP {last.get('status')}", "unknown")
+        return {"outcome": UNKNOWN, **last}
+
+    def _send(self, request: dict[str, Any], key: str) -> dict[str, Any]:
+        import httpx
+
+        headers = dict(request.get("headers") or {})
+        headers["Idempotency-Key"] = key
+        body = request.get("body")
+        kwargs: dict[str, Any] = {"headers": headers}
+        if body is not None:
+            kwargs["json"] = body
+        try:
+            resp = self._client().request(request["method"], request["url"], **kwargs)
+        except httpx.TimeoutException as exc:
+            return {"status": None, "error": f"timed out: {exc}"}
+        except httpx.TransportError as exc:
+            return {"status": None, "error": f"connection failed: {exc!r}"}
+        text = resp.text
+        return {"status": resp.status_code, "response": {
+            "status": resp.status_code,
+            "headers": {k: v for k, v in resp.headers.items() if k.lower() in KEPT_HEADERS},
+            "body": text[:RESPONSE_BODY_CHARS_MAX],
+            "truncated": len(text) > RESPONSE_BODY_CHARS_MAX}}
+
+    # -- abort -------------------------------------------------------------------------------
+
+    def compensate(self, tx: Tx, record: Recorder) -> list[int]:
+        """Undo what may have happened, newest first; return the calls left uncompensated."""
+        try:
+            return self._compensate(tx, record)
+        finally:
+            self.close()
+
+    def _compensate(self, tx: Tx, record: Recorder) -> list[int]:
+        left: list[int] = []
+        for eff in reversed(tx.effects):
+            n = eff["n"]
+            prior = tx.results.get(("compensate", n))
+            if prior is not None and prior["outcome"] in (DONE, SKIPPED):
+                continue
+            happened = self._happened(tx, eff, record)
+            if happened is False:
+                record({"phase": "compensate", "n": n, "outcome": SKIPPED,
+                        "error": "the call did not happen"}, False)
+                continue
+            comp = eff.get("compensate")
+            if comp is None:
+                record({"phase": "compensate", "n": n, "outcome": UNCOMPENSATED,
+                        "error": "the call may have happened and has no compensation"}, False)
+                left.append(n)
+                continue
+            res = self._call_logged(tx, "compensate", n, comp, f"{eff['key']}:compensate",
+                                    record)
+            if res["outcome"] != DONE:
+                left.append(n)
+        return left
+
+    def _happened(self, tx: Tx, eff: dict[str, Any], record: Recorder) -> bool | None:
+        """Did the call happen? True, False, or None (unknown even after asking again)."""
+        last = tx.results.get(("effect", eff["n"]))
+        if last is None:
+            return False  # never sent: "sending" is logged (synced) before a request leaves
+        if last["outcome"] in (DONE, FAILED):
+            return bool(last["outcome"] == DONE)
+        # Unknown, or cut off mid-call: send the same request with the same key again; the
+        # service answers what it did (never a fresh request).
+        again = self._call_logged(tx, "effect", eff["n"], eff["request"], eff["key"], record)
+        return {DONE: True, FAILED: False}.get(again["outcome"])
+
+
+def _domain(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return "http:" + (urlsplit(url).netloc or "unknown")

@@ -7,9 +7,9 @@
 Step types: ``fs_write`` (path, content | content_base64, mode), ``fs_delete`` (path),
 ``fs_replace`` (path, old, new, all), ``fs_patch`` (patch), ``api`` (method, url, body,
 headers, idempotency_key, compensate: an HTTP call sent exactly once at commit). A step may
-also be given as the intent itself (``{"type": "fs_write", ...}``). The whole manifest is checked before the
-transaction begins, so a malformed one changes nothing; a step that fails aborts the
-transaction, and the error names the step.
+also be given as the intent itself (``{"type": "fs_write", ...}``). The whole manifest is
+checked before the transaction begins, so a malformed one changes nothing; a step that fails
+aborts the transaction, and the error names the step.
 """
 
 from __future__ import annotations

@@ -54,18 +54,45 @@ def test_garbage_collection_keeps_blobs_of_live_transactions(tmp_path, monkeypat
     client = Agent2PC.init(tmp_path)
     done = client.begin()
     done.stage_write("old.txt", "after\n")
-    done.commit()
+    done.commit()  # its blob moved into the tree; its pre-image stays behind
+    dropped = client.begin()
+    dropped.stage_write("never.txt", "aborted content\n")
+    dropped.abort()
     live = client.begin()
     live.stage_write("pending.txt", "still needed\n")
     monkeypatch.setattr(engine_mod, "BLOB_GRACE_S", 0.0)
     monkeypatch.setattr(engine_mod, "PREIMAGE_RETENTION_S", 0.0)
     out = client.compact()
-    assert out["blobs_collected"] >= 1 and out["preimages_collected"] == 1
+    assert out["blobs_collected"] == 1 and out["preimages_collected"] == 1
     remaining = [e.name for fan in os.scandir(tmp_path / ".agent-tx" / "objects")
                  if len(fan.name) == 2 for e in os.scandir(fan.path)]
     assert len(remaining) == 1  # the live transaction's blob
     assert live.commit()["state"] == "committed"
     assert (tmp_path / "pending.txt").read_text() == "still needed\n"
+
+
+def test_a_blob_named_by_two_transactions_survives_the_first_commit(tmp_path):
+    client = Agent2PC.init(tmp_path)
+    first, second = client.begin(), client.begin()
+    first.stage_write("a.txt", "same bytes\n")
+    second.stage_write("b.txt", "same bytes\n")  # the same blob
+    first.commit()  # must copy, not move, the blob the second still names
+    assert second.commit()["state"] == "committed"
+    assert (tmp_path / "a.txt").read_text() == (tmp_path / "b.txt").read_text()
+    assert os.stat(tmp_path / "a.txt").st_ino != os.stat(tmp_path / "b.txt").st_ino
+
+
+def test_the_same_content_at_two_paths_of_one_transaction_gets_two_files(tmp_path):
+    client = Agent2PC.init(tmp_path)
+    tx = client.begin()
+    tx.stage_write("x/one.txt", "twin\n")
+    tx.stage_write("y/two.txt", "twin\n")
+    tx.commit()
+    one, two = tmp_path / "x" / "one.txt", tmp_path / "y" / "two.txt"
+    assert one.read_text() == two.read_text() == "twin\n"
+    assert os.stat(one).st_ino != os.stat(two).st_ino
+    one.write_text("edited in place\n")  # tools write in place: the twin must not change
+    assert two.read_text() == "twin\n"
 
 
 def test_preimages_keep_what_a_commit_replaced(tmp_path):
@@ -75,6 +102,6 @@ def test_preimages_keep_what_a_commit_replaced(tmp_path):
     tx.stage_write("a.txt", "replaced\n")
     tx.stage_write("b.txt", "new\n")
     tx.commit()
-    kept = tmp_path / ".agent-tx" / "preimages" / tx.tid
-    assert sorted(p.name for p in kept.iterdir()) == ["0"]
-    assert (kept / "0").read_text() == "original\n"
+    kept = sorted((tmp_path / ".agent-tx" / "preimages").iterdir())
+    assert [p.name for p in kept] == [f"{tx.tid}.0"]
+    assert kept[0].read_text() == "original\n"

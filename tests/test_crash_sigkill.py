@@ -159,14 +159,15 @@ def test_a_damaged_decision_record_is_never_applied(tmp_path):
     decoded = wal_format.decode(full)
     assert decoded.records[-1]["type"] == "decision"
     start = len(full) - len(wal_format.encode(decoded.records[-1]))
-    scratch = root / ".agent-tx" / "tx" / tx.tid
-    temps = {p.name: p.read_bytes() for p in scratch.iterdir()}
+    objects = root / ".agent-tx" / "objects"
+    blobs = {p: p.read_bytes() for p in objects.glob("??/*")}  # moved into the tree on apply
     expected_new = {**old, **{f"f{i}.txt": (f"new {i}\n".encode(), 0o644) for i in range(3)}}
     for cut in list(range(start, len(full), 7)) + [len(full)]:
         wal.write_bytes(full[:cut])
-        scratch.mkdir(exist_ok=True)
-        for name, data in temps.items():
-            (scratch / name).write_bytes(data)
+        for path, data in blobs.items():
+            if not path.exists():
+                path.write_bytes(data)
+                path.chmod(0o444)
         for i in range(3):
             (root / f"f{i}.txt").write_text(f"old {i}\n")
         out = Agent2PC(root).recover()

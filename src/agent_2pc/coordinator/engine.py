@@ -48,7 +48,7 @@ from ..participants.api import lease_ttl_s as api_lease_ttl_s
 from ..participants.fs import FileParticipant, Vote
 from ..storage import history
 from ..storage.blobs import BlobStore
-from ..storage.locks import FileLock
+from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log
 from ..storage.scratch import discard, sweep_in_background
 from ..storage.workspace import Layout, is_workspace
@@ -183,8 +183,7 @@ class Engine(Staging):
             if active:
                 self._refuse_inactive(found)
             return found, None
-        os.makedirs(self.layout.tx_dir(tid), exist_ok=True)
-        lock = FileLock(self.layout.tx_lock(tid))
+        lock = self._tx_lock(tid)
         lock.acquire(what=f"transaction {tid} (another process is working on it)")
         try:
             self._refresh()
@@ -230,13 +229,8 @@ class Engine(Staging):
             raise UsageError("--label must be a string of at most 200 characters")
         while True:
             tid = time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime()) + os.urandom(3).hex()
-            if tid in self.txs:
-                continue
-            try:
-                os.mkdir(self.layout.tx_dir(tid))
+            if tid not in self.txs:
                 break
-            except FileExistsError:
-                continue
         self._append([self._rec("begin", tid, label=label, timeout_ms=timeout_ms or None,
                                 boot=self.boot, pid=os.getpid())])
         return {"tid": tid}
@@ -250,22 +244,32 @@ class Engine(Staging):
             self._abort_if_stale(tx)
             with self.commit_lock:
                 self._finish_dead_locked()
-                tx = self._prepare(tid)
+                self._prepare(tid)
                 crashpoints.hit("prepare.before_decision")
-                self._append([self._rec("decision", tid, outcome="commit")], sync=True)
+                self._append([self._rec("decision", tid, outcome="commit",
+                                        **self.fs.decision_fields(tid))], sync=True)
                 crashpoints.hit("commit.after_decision")
-                scratch = self.layout.tx_dir(tid)
                 try:
-                    applied = self.fs.commit(tx, scratch)
+                    self._apply(self.txs[tid], redo=False)
                 except OSError as exc:
                     raise ApplyIncomplete(
                         f"{tid} is decided (commit) but applying it failed: {exc}; "
                         "'agent-2pc recover' finishes it", tid=tid) from exc
-                crashpoints.hit("commit.before_end")
-                self._append([self._end(tid, COMMITTED, applied.files, applied.diverged)])
-            discard(scratch, self.layout.trash)
         self._maybe_compact()
         return self._result(self.txs.get(tid) or self._lookup(tid))
+
+    def _apply(self, tx: Tx, redo: bool) -> None:
+        """Apply a decided commit and write its end record. Holds the log lock meanwhile: the
+        file participant moves blobs into the tree, and must know every transaction that still
+        names one (see storage/blobs.py)."""
+        with self.log.lock:
+            self._refresh()
+            keep = {op.blob for other in self.txs.values() if other.tid != tx.tid
+                    and other.state not in FINISHED for op in other.ops if op.blob}
+            applied = (self.fs.recover if redo else self.fs.commit)(tx, keep)
+            crashpoints.hit("commit.before_end")
+            self._append([self._end(tx.tid, COMMITTED, applied.files, applied.diverged)])
+        discard(self.layout.tx_dir(tx.tid), self.layout.trash)
 
     def _prepare(self, tid: str) -> Tx:
         """Record the start of prepare and collect the votes; abort on the first no."""
@@ -283,7 +287,7 @@ class Engine(Staging):
         """Ask the participants in turn; the first no stops the rest. The files go first: a
         conflict must abort before any remote call is made."""
         try:
-            vote = self.fs.prepare(tx, self.layout.tx_dir(tx.tid))
+            vote = self.fs.prepare(tx)
         except OSError as exc:  # a participant that raises has voted no
             vote = Vote.no("prepare_failed", f"preparing the files failed: {exc}")
         if vote.yes and tx.effects:
@@ -369,19 +373,13 @@ class Engine(Staging):
 
     # -- recovery ----------------------------------------------------------------------------
 
+    def _tx_lock(self, tid: str) -> FileLock:
+        """The lock a process holds while it works on ``tid``: one byte of ``txlocks``."""
+        return FileLock(self.layout.txlocks, offset=byte_for(tid))
+
     def _alive(self, tid: str) -> bool:
-        """Does a live process hold ``tid``'s lock? (flock dies with its holder.)"""
-        path = self.layout.tx_lock(tid)
-        if not os.path.exists(path):
-            return False
-        lock = FileLock(path, create=False)
-        try:
-            if lock.try_acquire():
-                lock.release()
-                return False
-        except FileNotFoundError:
-            return False
-        return True
+        """Does a live process hold ``tid``'s lock? (The lock dies with its holder.)"""
+        return not self._tx_lock(tid).is_free()
 
     def _plan_one(self, tx: Tx, alive: bool) -> recovery.Action:
         acts = recovery.plan([tx], now_ms=now_ms(), boot=self.boot, alive=lambda _: alive,
@@ -391,12 +389,8 @@ class Engine(Staging):
 
     def _finish(self, tx: Tx, act: recovery.Action) -> None:
         """Carry out a recovery action; the caller holds the commit lock and tx's lock."""
-        scratch = self.layout.tx_dir(tx.tid)
         if act.kind == recovery.ROLL_FORWARD:
-            os.makedirs(scratch, exist_ok=True)
-            applied = self.fs.recover(tx, scratch)
-            self._append([self._end(tx.tid, COMMITTED, applied.files, applied.diverged)])
-            discard(scratch, self.layout.trash)
+            self._apply(tx, redo=True)
         elif act.kind == recovery.FINISH_ABORT:
             self._finish_abort(tx)
         else:
@@ -416,9 +410,7 @@ class Engine(Staging):
         actions = recovery.plan(list(self.txs.values()), now_ms=now_ms(), boot=self.boot,
                                 alive=self._alive, include_active=include_active)
         for act in actions:
-            lock = FileLock(self.layout.tx_lock(act.tid))
-            if not os.path.isdir(self.layout.tx_dir(act.tid)):
-                os.makedirs(self.layout.tx_dir(act.tid), exist_ok=True)
+            lock = self._tx_lock(act.tid)
             if not lock.try_acquire():
                 continue  # somebody is working on it right now
             try:
@@ -463,23 +455,28 @@ class Engine(Staging):
             out["diverged"] = done["diverged"]
         return out
 
+    def _live(self, tid: str) -> bool:
+        tx = self.txs.get(tid)
+        return tx is not None and tx.state not in FINISHED
+
     def _sweep_scratch(self) -> None:
-        """Remove scratch of finished or unknown transactions, and abandoned blob temp files."""
+        """Remove scratch of finished or unknown transactions, copies their applies left, and
+        dead processes' blob temp files."""
         try:
             names = os.listdir(self.layout.tx)
         except FileNotFoundError:
             names = []
         for name in names:
-            tx = self.txs.get(name)
-            if tx is not None and tx.state not in FINISHED:
-                continue
-            lock = FileLock(self.layout.tx_lock(name))
-            if os.path.isdir(self.layout.tx_dir(name)) and lock.try_acquire():
-                lock.release()
+            if not self._live(name) and self._tx_lock(name).is_free():
                 discard(self.layout.tx_dir(name), self.layout.trash)
         for name in os.listdir(self.layout.objects_tmp):
-            pid = name.partition("-")[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if name.startswith("claim-"):
+                tid = name[len("claim-"):].rsplit("-", 1)[0]  # claim-<tid>-<k>[.part]
+                dead = not self._live(tid)
+            else:
+                pid = name.partition("-")[0]
+                dead = pid.isdigit() and not _pid_alive(int(pid))
+            if dead:
                 try:
                     os.unlink(os.path.join(self.layout.objects_tmp, name))
                 except FileNotFoundError:
@@ -515,28 +512,30 @@ class Engine(Staging):
         return out
 
     def collect_garbage(self) -> dict[str, int]:
-        """Drop blobs no live transaction names (after a grace period, since a stager writes
-        its blob before its record), pre-images past their retention, dead processes' temp
-        files. Files go to trash/ at once and are deleted in the background."""
-        self._refresh()
+        """Drop blobs no live transaction names (older than a grace period), pre-images past
+        their retention, dead processes' temp files. Files go to trash/ at once and are
+        deleted in the background. Blobs are judged under the log lock, after reading every
+        record: a stager that named one just before finds it gone when it settles, and writes
+        it again (storage/blobs.py)."""
         now_s = time.time()
-        live = {op.blob for tx in self.txs.values() if tx.state not in FINISHED
-                for op in tx.ops if op.blob}
         bin_dir = os.path.join(self.layout.trash, f"gc-{os.getpid()}-{os.urandom(4).hex()}")
         os.makedirs(bin_dir, exist_ok=True)
         blobs = 0
-        for fan in os.scandir(self.layout.objects):
-            if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
-                continue
-            for entry in os.scandir(fan.path):
-                if entry.name in live or now_s - entry.stat().st_ctime < BLOB_GRACE_S:
+        with self.log.lock:
+            self._refresh()
+            live = {op.blob for tx in self.txs.values() if tx.state not in FINISHED
+                    for op in tx.ops if op.blob}
+            for fan in os.scandir(self.layout.objects):
+                if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
                     continue
-                os.rename(entry.path, os.path.join(bin_dir, entry.name))
-                blobs += 1
+                for entry in os.scandir(fan.path):
+                    if entry.name in live or now_s - entry.stat().st_ctime < BLOB_GRACE_S:
+                        continue
+                    os.rename(entry.path, os.path.join(bin_dir, entry.name))
+                    blobs += 1
         preimages = 0
         for entry in os.scandir(self.layout.preimages):
-            tx = self.txs.get(entry.name)
-            if tx is not None and tx.state not in FINISHED:
+            if self._live(entry.name.partition(".")[0]):  # preimages/<tid>.<k>
                 continue
             if now_s - entry.stat().st_ctime >= PREIMAGE_RETENTION_S:
                 os.rename(entry.path, os.path.join(bin_dir, "pre-" + entry.name))

@@ -21,7 +21,7 @@ from ..errors import (
     UnknownSavepoint,
     UsageError,
 )
-from ..storage.blobs import BlobCorrupt, BlobStore
+from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import sha256_bytes, sha256_fd
 from .paths import resolve
 
@@ -170,13 +170,26 @@ class Staging:
             self._check_placeable(tx, rel)
             pre = self._pre(tx, rel)
             if content is not None:
-                digest, size = self.blobs.put_bytes(content), len(content)
+                blob = self.blobs.put_bytes(content)
             else:
                 assert src_fd is not None
-                digest, size = self.blobs.put_fd(src_fd)
+                blob = self.blobs.put_fd(src_fd)
             crashpoints.hit("stage.after_blob")
-            self._append([self._stage_rec(tid, rel, "write", via, digest, size, mode, pre)])
-        return {"path": rel, "op": "write", "bytes": size}
+            self._append_staged([self._stage_rec(tid, rel, "write", via, blob.digest,
+                                                 blob.size, mode, pre)], [blob])
+        return {"path": rel, "op": "write", "bytes": blob.size}
+
+    def _append_staged(self, records: list[dict[str, Any]], blobs: list[Pending]) -> None:
+        """Append stage records, then settle their blobs (which a commit or garbage collection
+        may have taken away between our check and our append; storage/blobs.py)."""
+        try:
+            self._append(records)
+        except BaseException:
+            for blob in blobs:
+                blob.discard()
+            raise
+        for blob in blobs:
+            blob.settle()
 
     def _stage_rec(self, tid: str, rel: str, op: str, via: str, blob: str | None, size: int,
                    mode: int | None, pre: str | None) -> dict[str, Any]:
@@ -221,9 +234,9 @@ class Staging:
                                      "with more context, or pass --all", path=rel,
                                      matches=count)
             updated = content.replace(old_b, new_b)
-            digest = self.blobs.put_bytes(updated)
-            self._append([self._stage_rec(tid, rel, "write", "replace", digest, len(updated),
-                                          None, self._pre(tx, rel))])
+            blob = self.blobs.put_bytes(updated)
+            self._append_staged([self._stage_rec(tid, rel, "write", "replace", blob.digest,
+                                                 blob.size, None, self._pre(tx, rel))], [blob])
         return {"path": rel, "op": "replace", "replacements": count}
 
     def stage_patch(self, tid: str, patch: str | bytes) -> dict[str, Any]:
@@ -238,6 +251,7 @@ class Staging:
 
             results = apply_patch(patch, read)
             records = []
+            pending: list[Pending] = []
             files = []
             for p, content, mode in results:
                 rel = resolve(self.root, p)
@@ -247,12 +261,13 @@ class Staging:
                                                    pre))
                 else:
                     self._check_placeable(tx, rel)
-                    digest = self.blobs.put_bytes(content)
+                    blob = self.blobs.put_bytes(content)
+                    pending.append(blob)
                     records.append(self._stage_rec(
-                        tid, rel, "write", "patch", digest, len(content),
+                        tid, rel, "write", "patch", blob.digest, blob.size,
                         None if mode is None else _check_mode(mode & MODE_MAX), pre))
                 files.append(rel)
-            self._append(records)
+            self._append_staged(records, pending)
         return {"files": files}
 
     def stage_api(self, tid: str, method: str, url: str, body: Any = None,

@@ -98,7 +98,8 @@ class Tx:
     """A transaction as folded from its records (plain class: dataclasses import slowly)."""
 
     __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
-                 "effects", "results", "savepoints", "outcome", "code", "reason", "files",
+                 "effects", "results", "savepoints", "outcome", "code", "reason",
+                 "decision_fields", "files",
                  "diverged", "uncompensated", "ended_ms", "records")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
@@ -118,6 +119,7 @@ class Tx:
         self.outcome: str | None = None
         self.code: str | None = None
         self.reason: str | None = None
+        self.decision_fields: dict[str, Any] = {}  # the decision record (modes for a redo)
         self.files: list[str] = []
         self.diverged: list[str] = []
         self.uncompensated: list[int] = []  # calls that may have happened and were not undone
@@ -201,6 +203,7 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
             tx.outcome = rec["outcome"]
             tx.code = rec.get("code")
             tx.reason = rec.get("reason")
+            tx.decision_fields = rec
         elif t == "end":
             tx.files = list(rec.get("files", ()))
             tx.diverged = list(rec.get("diverged", ()))

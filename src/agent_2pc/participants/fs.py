@@ -4,14 +4,15 @@ prepare (under the commit lock, before the decision):
   1. every changed path still has the content it had when first staged (``pre``), and every
      recorded read still holds: otherwise vote no (``conflict``) and the other writer's content
      stays;
-  2. each written file's content is copied from its blob into ``.agent-tx/tx/<tid>/<k>.tmp``
-     (the hash is checked while copying), given its mode and fsynced; then that directory is
-     fsynced once. After this the new content survives a machine crash.
-apply (after the decision; also the redo of recovery, so every step is idempotent):
-  deletes first (deepest first; emptied parent directories are removed, as git does), then
-  writes: hard-link the old file as a pre-image (preimages/<tid>/<k>), rename the temp file
-  over the target. Each touched directory is fsynced once at the end, before the end record
-  is written.
+  2. each written file's blob is read and checked against its hash, then fsynced, and each
+     blob directory fsynced once: after this the new content survives a machine crash. The
+     mode each file will get goes into the decision record.
+apply (after the decision, holding the log lock; also the redo of recovery, so every step is
+  idempotent): deletes first (deepest first; emptied parent directories are removed, as git
+  does), then writes: hard-link the old file as a pre-image (preimages/<tid>.<k>), rename the
+  blob itself over the target (or a synced copy of it, when another live transaction names
+  the same blob), set its mode. Each touched directory is fsynced once at the end, before the
+  end record is written.
 A target that has neither its pre-image nor its new content when a redo reaches it was changed
 by someone outside any transaction after the decision: it is left as it is and reported as
 ``diverged`` rather than overwritten.
@@ -31,6 +32,10 @@ from ..core.states import Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
 from ..storage.durable import fsync_fd
 from ..storage.hashing import sha256_fd
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -157,10 +162,11 @@ class FileParticipant:
         # What prepare saw, for the apply that follows in the same process (under the same
         # commit lock): saves hashing every target twice. Redo after a crash hashes again.
         self._seen: dict[str, dict[str, str | None]] = {}
+        self._modes: dict[str, dict[int, int]] = {}
 
     # -- prepare ---------------------------------------------------------------------------
 
-    def prepare(self, tx: Tx, scratch: str) -> Vote:
+    def prepare(self, tx: Tx) -> Vote:
         changes = tx.changes()
         dirs = Dirs(self.root)
         try:
@@ -185,45 +191,31 @@ class FileParticipant:
                     return Vote.no("conflict", (
                         f"{path} changed since it was read (it was {_short(digest)}, now "
                         f"{_short(seen[path])})"))
-            vote = self._write_temps(changes, modes, dirs, scratch)
-            if vote.yes:
-                self._seen[tx.tid] = seen
-            return vote
-        finally:
-            dirs.close()
-
-    def _write_temps(self, changes: list[Op], modes: dict[str, int | None], dirs: Dirs,
-                     scratch: str) -> Vote:
-        writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
-        if not writes:
-            return YES
-        sfd = os.open(scratch, _DIR_FLAGS)
-        try:
-            scratch_dev = os.fstat(sfd).st_dev
-            for k, op in writes:
-                dev = self._device_of(dirs, split(op.path)[0])
-                if dev != scratch_dev:
+            writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
+            blobs_dev = os.stat(self.blobs.dir).st_dev
+            for _, op in writes:
+                if self._device_of(dirs, split(op.path)[0]) != blobs_dev:
                     return Vote.no("cross_device", (
                         f"{op.path} is on another file system than .agent-tx/; an atomic rename "
                         "cannot reach it (not supported yet)"))
-                mode = op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
-                assert op.blob is not None
-                fd = os.open(f"{k}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                             0o600, dir_fd=sfd)
-                try:
-                    self.blobs.copy_to(op.blob, fd)
-                    os.fchmod(fd, mode)
-                    fsync_fd(fd)
-                except BlobCorrupt as exc:
-                    self.blobs.discard(op.blob)
-                    return Vote.no("corrupt_blob", (
-                        f"the staged content of {op.path}: {exc}; stage it again"))
-                finally:
-                    os.close(fd)
-            fsync_fd(sfd)
+            try:
+                self.blobs.make_durable([op.blob for _, op in writes if op.blob])
+            except BlobCorrupt as exc:
+                self.blobs.discard(exc.digest)
+                path = next(op.path for _, op in writes if op.blob == exc.digest)
+                return Vote.no("corrupt_blob", f"the staged content of {path}: {exc}; "
+                               "stage it again")
+            self._seen[tx.tid] = seen
+            self._modes[tx.tid] = {
+                k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
+                for k, op in writes}
             return YES
         finally:
-            os.close(sfd)
+            dirs.close()
+
+    def decision_fields(self, tid: str) -> dict[str, Any]:
+        """What the commit decision must carry for a redo: each written file's mode."""
+        return {"modes": {str(k): m for k, m in self._modes.get(tid, {}).items()}}
 
     @staticmethod
     def _device_of(dirs: Dirs, rel_dir: str) -> int:
@@ -237,17 +229,22 @@ class FileParticipant:
 
     # -- apply (commit) and redo (recover) --------------------------------------------------
 
-    def commit(self, tx: Tx, scratch: str) -> Applied:
-        return self._apply(tx, scratch, self._seen.pop(tx.tid, None))
+    def commit(self, tx: Tx, keep: set[str]) -> Applied:
+        """Apply after the decision. ``keep``: blobs that other live transactions name, which
+        must be copied rather than moved (the caller holds the log lock, so it is complete)."""
+        self._modes.pop(tx.tid, None)
+        return self._apply(tx, self._seen.pop(tx.tid, None), keep)
 
-    def recover(self, tx: Tx, scratch: str) -> Applied:
-        return self._apply(tx, scratch, None)
+    def recover(self, tx: Tx, keep: set[str]) -> Applied:
+        return self._apply(tx, None, keep)
 
     def forget(self, tid: str) -> None:
         self._seen.pop(tid, None)
+        self._modes.pop(tid, None)
 
-    def _apply(self, tx: Tx, scratch: str, seen: dict[str, str | None] | None) -> Applied:
+    def _apply(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str]) -> Applied:
         changes = tx.changes()
+        modes = {int(k): m for k, m in (tx.decision_fields.get("modes") or {}).items()}
         out = Applied()
         dirs = Dirs(self.root)
         touched: set[str] = set()
@@ -271,38 +268,73 @@ class FileParticipant:
                 out.files.append(op.path)
                 self._prune_empty(dirs, parent, touched)
                 crashpoints.hit("commit.mid_apply")
-            sfd = os.open(scratch, _DIR_FLAGS)
-            try:
-                for k, op in enumerate(changes):
-                    if op.op != "write":
-                        continue
-                    cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
-                    if seen is None and cur == op.blob and not self._has_temp(sfd, k):
-                        out.files.append(op.path)  # renamed into place by an earlier run
-                        continue
-                    if cur != op.pre and cur != op.blob:
-                        out.diverged.append(op.path)
-                        continue
-                    parent, name = split(op.path)
-                    dfd = dirs.open(parent, create=True)
-                    if not self._has_temp(sfd, k):
-                        self._rebuild_temp(sfd, k, op, dfd, name)
-                    if cur is not None:
-                        self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                    os.rename(f"{k}.tmp", name, src_dir_fd=sfd, dst_dir_fd=dfd)
-                    touched.add(parent)
+            writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
+            later_uses: dict[str, int] = {}
+            for _, op in writes:
+                assert op.blob is not None
+                later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
+            for k, op in writes:
+                assert op.blob is not None
+                later_uses[op.blob] -= 1
+                mode = modes.get(k, op.mode if op.mode is not None else 0o644)
+                parent, name = split(op.path)
+                cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
+                if seen is None and cur == op.blob:  # put in place by an earlier run
+                    self._ensure_mode(dirs.open(parent), name, mode)
                     out.files.append(op.path)
-                    crashpoints.hit("commit.mid_apply")
-            finally:
-                os.close(sfd)
+                    continue
+                if cur != op.pre:
+                    out.diverged.append(op.path)
+                    continue
+                dfd = dirs.open(parent, create=True)
+                if cur is not None:
+                    self.blobs.keep_preimage(dfd, name, tx.tid, k)
+                src = self._source(tx.tid, k, op.blob,
+                                   copy=op.blob in keep or later_uses[op.blob] > 0)
+                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.rename(src, name, dst_dir_fd=dfd)
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+                touched.add(parent)
+                out.files.append(op.path)
+                crashpoints.hit("commit.mid_apply")
             for rel_dir in touched | dirs.grew:
-                fd = dirs.fds.get(rel_dir)
-                if fd is not None:
-                    fsync_fd(fd)
+                dir_fd = dirs.fds.get(rel_dir)
+                if dir_fd is not None:
+                    fsync_fd(dir_fd)
             out.files.sort()
             return out
         finally:
             dirs.close()
+
+    def _source(self, tid: str, k: int, digest: str, copy: bool) -> str:
+        """The file to rename over the k-th target: the blob itself, or a synced copy of it
+        when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash)."""
+        claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
+        if os.path.exists(claim):
+            return claim  # made by an earlier, interrupted run of this apply
+        if not copy:
+            return self.blobs.path(digest)
+        fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                     0o444)
+        try:
+            self.blobs.copy_to(digest, fd)
+            fsync_fd(fd)
+        finally:
+            os.close(fd)
+        os.rename(claim + ".part", claim)
+        return claim
+
+    @staticmethod
+    def _ensure_mode(dfd: int, name: str, mode: int) -> None:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _hash_or_diverged(dirs: Dirs, op: Op) -> str | None:
@@ -311,32 +343,6 @@ class FileParticipant:
             return current(dirs, op.path)[0]
         except PathChanged:
             return ""
-
-    @staticmethod
-    def _has_temp(sfd: int, k: int) -> bool:
-        try:
-            os.stat(f"{k}.tmp", dir_fd=sfd, follow_symlinks=False)
-            return True
-        except FileNotFoundError:
-            return False
-
-    def _rebuild_temp(self, sfd: int, k: int, op: Op, dfd: int, name: str) -> None:
-        """A redo whose temp file is gone (it cannot be, after a synced prepare, unless the
-        scratch directory was removed by hand): make it again from the blob."""
-        assert op.blob is not None
-        try:
-            mode = op.mode if op.mode is not None else stat.S_IMODE(
-                os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
-        except FileNotFoundError:
-            mode = 0o644
-        fd = os.open(f"{k}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600,
-                     dir_fd=sfd)
-        try:
-            self.blobs.copy_to(op.blob, fd)
-            os.fchmod(fd, mode)
-            fsync_fd(fd)
-        finally:
-            os.close(fd)
 
     @staticmethod
     def _prune_empty(dirs: Dirs, rel_dir: str, touched: set[str]) -> None:

@@ -1,15 +1,21 @@
 """Content-addressed blob store: ``objects/<first two hex>/<sha256>``; pre-images apart.
 
-Staged content is written once, named by its SHA-256, and never changed (blobs are read-only
-files and are never hard-linked anywhere, so no other program can write into one). A blob is
-not fsynced when staged: durability is bought at prepare, where the content is copied into a
-synced temp file before the decision record (docs/design.md, "Where the fsyncs are"). Every read
-checks the hash, so a blob damaged by a machine crash is found before it can reach the tree.
+Staged content is written once, named by its SHA-256, read-only (0444), never hard-linked into
+the tree. A blob is not synced when staged: prepare checks its hash and syncs it (and its
+directory) before the decision record; every read checks the hash too, so a blob damaged by a
+machine crash is found before it can reach the tree.
 
-Pre-images (what a commit replaced or deleted) are kept by hard link at apply time in
-``preimages/<tid>/<k>``: zero-copy, and apart from ``objects/`` because such a link shares its
-inode with the user's file until the rename over it. Were it deduplicated against staged content,
-a program writing into that file in that instant could change staged bytes.
+At apply, a blob that no other live transaction names is *moved* into the tree (renamed over
+the target): its bytes were synced at prepare, so no copy and no new file is needed, and a
+commit costs one file creation (the blob's, at staging), like the simplest durable write. A blob
+still named elsewhere is copied instead. Moving races with a concurrent stager that found the
+blob present and is about to name it: the mover decides under the log lock, after reading every
+appended record, and a stager checks again *after* appending its record (``Pending.settle``) and
+writes the blob anew if it was moved meanwhile. Garbage collection removes under the same rule.
+
+Pre-images (what a commit replaced or deleted) are kept by hard link at apply time as
+``preimages/<tid>.<k>``: zero-copy, named by transaction and position (a program outside any
+transaction may have written into the file since prepare hashed it, so a hash name could lie).
 """
 
 from __future__ import annotations
@@ -17,9 +23,8 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import stat
 
-from .durable import write_all
+from .durable import fsync_fd, write_all
 from .hashing import CHUNK, hasher, sha256_bytes
 
 _counter = itertools.count()
@@ -37,6 +42,41 @@ def _tmp_name() -> str:
     return f"{os.getpid()}-{next(_counter)}-{os.urandom(4).hex()}"
 
 
+class Pending:
+    """A blob just staged: call ``settle()`` once its stage record is appended."""
+
+    __slots__ = ("store", "digest", "size", "_data", "_tmp")
+
+    def __init__(self, store: BlobStore, digest: str, size: int, data: bytes | None = None,
+                 tmp: str | None = None) -> None:
+        self.store, self.digest, self.size = store, digest, size
+        self._data, self._tmp = data, tmp
+
+    def settle(self) -> None:
+        """Make sure the blob exists now that a record names it (it may have been moved away
+        by a commit, or collected, between our check and our append)."""
+        present = self.store.has(self.digest, self.size)
+        if self._tmp is not None:
+            if present:
+                os.unlink(self._tmp)
+            else:
+                os.rename(self._tmp, self.store.path(self.digest))
+            self._tmp = None
+        elif not present:
+            assert self._data is not None
+            self.store.write(self._data, self.digest)
+        self._data = None
+
+    def discard(self) -> None:
+        """The record was not appended: drop what only we were keeping."""
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except FileNotFoundError:
+                pass
+            self._tmp = None
+
+
 class BlobStore:
     def __init__(self, objects_dir: str, preimages_dir: str) -> None:
         self.dir = objects_dir
@@ -46,7 +86,7 @@ class BlobStore:
     def path(self, digest: str) -> str:
         return os.path.join(self.dir, digest[:2], digest)
 
-    def _has(self, digest: str, size: int) -> bool:
+    def has(self, digest: str, size: int) -> bool:
         """Is the blob there with the right size? (A crash can leave a short one behind.)"""
         try:
             st = os.stat(self.path(digest))
@@ -54,38 +94,28 @@ class BlobStore:
             return False
         return st.st_size == size
 
-    def _touch(self, digest: str) -> None:
-        """Refresh a reused blob's ctime, so garbage collection's grace period starts again."""
-        try:
-            os.chmod(self.path(digest), 0o444)
-        except FileNotFoundError:
-            pass
-
-    def _install(self, tmp: str, digest: str) -> None:
-        os.chmod(tmp, 0o444)
-        os.rename(tmp, self.path(digest))
-
-    def put_bytes(self, data: bytes) -> str:
-        digest = sha256_bytes(data)
-        if self._has(digest, len(data)):
-            self._touch(digest)
-            return digest
+    def write(self, data: bytes, digest: str) -> None:
         tmp = os.path.join(self.tmp_dir, _tmp_name())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
         try:
             write_all(fd, data)
         finally:
             os.close(fd)
-        self._install(tmp, digest)
-        return digest
+        os.rename(tmp, self.path(digest))
 
-    def put_fd(self, src: int) -> tuple[str, int]:
-        """Stream everything readable from ``src`` into a blob; return (digest, size).
+    def put_bytes(self, data: bytes) -> Pending:
+        digest = sha256_bytes(data)
+        if not self.has(digest, len(data)):
+            self.write(data, digest)
+        return Pending(self, digest, len(data), data=data)
 
-        Works for pipes (stdin) and files alike; content is never held whole in memory.
-        """
+    def put_fd(self, src: int) -> Pending:
+        """Stream everything readable from ``src`` into a blob (pipes and files alike; the
+        content is never held whole in memory). The temp file is kept, linked, until settle."""
+        import stat
+
         tmp = os.path.join(self.tmp_dir, _tmp_name())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
         st = os.fstat(src)
         h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # a pipe: size unknown
         size = 0
@@ -103,12 +133,13 @@ class BlobStore:
             raise
         os.close(fd)
         digest = str(h.hexdigest())
-        if self._has(digest, size):
-            os.unlink(tmp)
-            self._touch(digest)
-        else:
-            self._install(tmp, digest)
-        return digest, size
+        if not self.has(digest, size):
+            try:
+                os.unlink(self.path(digest))  # a short one left by a crash
+            except FileNotFoundError:
+                pass
+            os.link(tmp, self.path(digest))
+        return Pending(self, digest, size, tmp=tmp)
 
     def read(self, digest: str) -> bytes:
         """The blob's bytes, checked against its name."""
@@ -121,10 +152,41 @@ class BlobStore:
             raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
         return data
 
+    def make_durable(self, digests: list[str]) -> None:
+        """Check each blob's bytes against its name and fsync it, then fsync each fan-out
+        directory once: after this the blobs survive a machine crash under their names."""
+        fans = set()
+        for digest in digests:
+            try:
+                fd = os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise BlobCorrupt(digest, "missing") from None
+            try:
+                h = hasher(os.fstat(fd).st_size)
+                offset = 0
+                while True:
+                    chunk = os.pread(fd, CHUNK, offset)
+                    if not chunk:
+                        break
+                    h.update(chunk)
+                    offset += len(chunk)
+                if h.hexdigest() != digest:
+                    raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
+                fsync_fd(fd)
+            finally:
+                os.close(fd)
+            fans.add(digest[:2])
+        for fan in fans:
+            dfd = os.open(os.path.join(self.dir, fan), os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fsync_fd(dfd)
+            finally:
+                os.close(dfd)
+
     def copy_to(self, digest: str, dst: int) -> int:
         """Write the blob into ``dst``, checking the hash as it streams; return the size."""
         try:
-            src = os.open(self.path(digest), os.O_RDONLY)
+            src = os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise BlobCorrupt(digest, "missing") from None
         try:
@@ -151,21 +213,15 @@ class BlobStore:
             pass
 
     def keep_preimage(self, dir_fd: int, name: str, tid: str, k: int) -> None:
-        """Hard-link the file ``name`` (in ``dir_fd``) as ``preimages/<tid>/<k>``: what stood at
+        """Hard-link the file ``name`` (in ``dir_fd``) as ``preimages/<tid>.<k>``: what stood at
         the transaction's k-th path when its apply replaced or deleted it.
 
         Best effort: a pre-image is a backup, never needed for recovery (the log is a redo
         log), so it is not synced. Where a link is impossible (another file system), none is
-        kept. It is named by transaction and position, not by hash: a program outside any
-        transaction may have written into the file since prepare hashed it.
+        kept.
         """
-        directory = os.path.join(self.preimages, tid)
         try:
-            os.mkdir(directory)
-        except FileExistsError:
-            pass
-        try:
-            os.link(name, os.path.join(directory, str(k)), src_dir_fd=dir_fd,
+            os.link(name, os.path.join(self.preimages, f"{tid}.{k}"), src_dir_fd=dir_fd,
                     follow_symlinks=False)
         except OSError as exc:
             if exc.errno not in (errno.EEXIST, errno.EXDEV, errno.EPERM, errno.EMLINK):

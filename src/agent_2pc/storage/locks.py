@@ -1,16 +1,23 @@
-"""flock-based locks with bounded waits.
+"""Locks with bounded waits: a whole file (flock), or one byte of a shared file (OFD lock).
 
-flock belongs to an open file description, so two FileLock objects exclude each other even in
-one process (threads each use their own object). The kernel drops a lock when its holder dies:
-that is how liveness is told ("is the process that committed this transaction still alive?").
+Both kinds belong to an open file description, so two lock objects exclude each other even in
+one process (threads each use their own object), and the kernel drops a lock when its holder
+dies: that is how liveness is told ("is the process that committed this transaction alive?").
+
+Transactions are locked by one byte each of ``.agent-tx/txlocks`` (an open-file-description
+lock, F_OFD_SETLK, at an offset derived from the tid) rather than by a lock file each: creating
+a file costs 0.3 ms on this machine's file system, a third of a whole durable commit.
+
 Waits poll with a short backoff up to a deadline: Python has no timed flock, and a signal-based
 timeout is not safe in threaded callers.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import struct
 import time
 from _thread import RLock
 
@@ -18,19 +25,46 @@ from ..errors import Busy
 
 LOCK_TIMEOUT_S = float(os.environ.get("AGENT2PC_LOCK_TIMEOUT_S", "120"))
 _BACKOFF_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005)
+# struct flock on Linux (x86_64, aarch64): short l_type, short l_whence, off_t l_start,
+# off_t l_len, pid_t l_pid (0 for OFD locks), padded to 32 bytes.
+_FLOCK = struct.Struct("hh4xqqi4x")
+_RANGE_OFFSET_MAX = (1 << 62) - 1
+
+
+def byte_for(name: str) -> int:
+    """A stable byte offset for ``name`` (60 bits of its SHA-256: collisions are negligible)."""
+    from .hashing import sha256_bytes
+
+    return int(sha256_bytes(name.encode("utf-8"))[:15], 16) & _RANGE_OFFSET_MAX
 
 
 class FileLock:
-    def __init__(self, path: str, *, create: bool = True) -> None:
+    """An exclusive lock on ``path`` (flock), or on byte ``offset`` of it (OFD lock)."""
+
+    def __init__(self, path: str, *, offset: int | None = None, create: bool = True) -> None:
         self.path = path
+        self.offset = offset
         self._create = create
         self._fd: int | None = None
         self._depth = 0
         self._mutex = RLock()
 
     def _open(self) -> int:
-        flags = os.O_RDWR | (os.O_CREAT if self._create else 0)
+        flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if self._create else 0)
         return os.open(self.path, flags, 0o644)
+
+    def _lock(self, fd: int) -> None:
+        """Take the lock on ``fd`` without waiting (BlockingIOError when it is held)."""
+        if self.offset is None:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET,
+                                                           self.offset, 1, 0))
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise BlockingIOError(exc.errno, "locked") from None
+            raise
 
     def try_acquire(self) -> bool:
         """Take the lock if it is free; never wait."""
@@ -39,9 +73,13 @@ class FileLock:
         if self._depth:
             self._depth += 1
             return True
-        fd = self._open()
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = self._open()
+        except BaseException:
+            self._mutex.release()
+            raise
+        try:
+            self._lock(fd)
         except BlockingIOError:
             os.close(fd)
             self._mutex.release()
@@ -73,14 +111,21 @@ class FileLock:
         if self._depth == 0:
             fd, self._fd = self._fd, None
             assert fd is not None
-            os.close(fd)  # closing the descriptor drops the flock
+            os.close(fd)  # closing the descriptor drops the lock
         self._mutex.release()
+
+    def is_free(self) -> bool:
+        """Is nobody holding it? (Probes by taking and dropping it.)"""
+        if self.try_acquire():
+            self.release()
+            return True
+        return False
 
     @property
     def held(self) -> bool:
         return self._depth > 0
 
-    def __enter__(self) -> "FileLock":
+    def __enter__(self) -> FileLock:
         self.acquire()
         return self
 

@@ -8,8 +8,10 @@ Layout (docs/format.md has the details)::
       lock             flock: appends to the log and log replacement (compaction)
       commit.lock      flock: serializes prepare..end of transactions (and their recovery)
       objects/xx/...   content-addressed staged content; objects/tmp/ for blobs being written
-      preimages/<tid>/ what the commit of <tid> replaced or deleted, kept by hard link
-      tx/<tid>/lock    flock: held while a process works on that transaction (tells liveness)
+      preimages/       what commits replaced or deleted (<tid>.<k>), kept by hard link
+      txlocks          one byte per transaction (OFD lock at an offset from its tid): held while
+                       a process works on that transaction (tells liveness)
+      tx/<tid>/        per-transaction scratch, for steps that need one
       history.jsonl    one line per finished transaction, moved out of the log by compaction
       trash/           what is being deleted in the background
 """
@@ -34,6 +36,7 @@ class Layout:
         self.wal = os.path.join(self.dir, "wal.bin")
         self.lock = os.path.join(self.dir, "lock")
         self.commit_lock = os.path.join(self.dir, "commit.lock")
+        self.txlocks = os.path.join(self.dir, "txlocks")
         self.objects = os.path.join(self.dir, "objects")
         self.objects_tmp = os.path.join(self.objects, "tmp")
         self.preimages = os.path.join(self.dir, "preimages")
@@ -45,8 +48,6 @@ class Layout:
     def tx_dir(self, tid: str) -> str:
         return os.path.join(self.tx, tid)
 
-    def tx_lock(self, tid: str) -> str:
-        return os.path.join(self.tx, tid, "lock")
 
 
 def is_workspace(root: str) -> bool:
@@ -86,7 +87,7 @@ def init(root: str) -> str:
         os.makedirs(d, exist_ok=True)
     for i in range(256):
         os.makedirs(os.path.join(lay.objects, f"{i:02x}"), exist_ok=True)
-    for f in (lay.lock, lay.commit_lock):
+    for f in (lay.lock, lay.commit_lock, lay.txlocks):
         if not os.path.exists(f):
             os.close(os.open(f, os.O_WRONLY | os.O_CREAT, 0o644))
     if not os.path.exists(lay.format):

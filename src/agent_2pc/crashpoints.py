@@ -34,6 +34,9 @@ POINTS: dict[str, str] = {
 }
 
 _EXIT_STATUS = 137
+# Read once: passing a point must cost nothing in production (it is on every step's path).
+# A test that sets the variables in-process calls rearm().
+_ARMED = bool(os.environ.get("AGENT2PC_CRASH_AT") or os.environ.get("AGENT2PC_STALL_AT"))
 _passes: dict[str, int] = {}  # passes counted per (spec, point)
 
 
@@ -42,10 +45,10 @@ def hit(point: str, before_exit: Callable[[], object] | None = None) -> None:
 
     ``before_exit`` runs just before the exit (to leave a half-done write behind, say).
     """
+    if not _ARMED:
+        return
     crash = os.environ.get("AGENT2PC_CRASH_AT")
     stall = os.environ.get("AGENT2PC_STALL_AT")
-    if not crash and not stall:
-        return
     assert point in POINTS, f"unregistered crash point {point}"
     if crash and _due(crash, point):
         if before_exit is not None:
@@ -55,6 +58,13 @@ def hit(point: str, before_exit: Callable[[], object] | None = None) -> None:
         import time
 
         time.sleep(float(os.environ.get("AGENT2PC_STALL_S", "5")))
+
+
+def rearm() -> None:
+    """Look at AGENT2PC_CRASH_AT / AGENT2PC_STALL_AT again (after a test changed them)."""
+    global _ARMED
+    _ARMED = bool(os.environ.get("AGENT2PC_CRASH_AT") or os.environ.get("AGENT2PC_STALL_AT"))
+    _passes.clear()
 
 
 def _due(spec: str, point: str) -> bool:

@@ -68,6 +68,7 @@ COMPACT_BYTES_MAX = 1 << 20
 BLOB_GRACE_S = 3600.0
 PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 24 * 3600))
 GC_INTERVAL_S = 3600.0
+TX_LOCKS_CACHED_MAX = 256
 
 
 def now_ms() -> int:
@@ -105,6 +106,7 @@ class Engine(Staging):
         self.txs: dict[str, Tx] = {}
         self._mutex = RLock()
         self._truncation_reported = 0
+        self._tx_locks: dict[str, FileLock] = {}
         # What this engine finished on its own (at start-up, or before a commit) since the
         # last recover(): recover() reports it too.
         self._recovered: dict[str, list[str]] = {"rolled_forward": [], "rolled_back": [],
@@ -374,8 +376,15 @@ class Engine(Staging):
     # -- recovery ----------------------------------------------------------------------------
 
     def _tx_lock(self, tid: str) -> FileLock:
-        """The lock a process holds while it works on ``tid``: one byte of ``txlocks``."""
-        return FileLock(self.layout.txlocks, offset=byte_for(tid))
+        """The lock a process holds while it works on ``tid``: one byte of ``txlocks``. One
+        object per tid and engine (its mutex excludes this process's threads; its open file
+        description, other processes)."""
+        lock = self._tx_locks.get(tid)
+        if lock is None:
+            if len(self._tx_locks) >= TX_LOCKS_CACHED_MAX:
+                self._tx_locks = {t: lk for t, lk in self._tx_locks.items() if lk.held}
+            lock = self._tx_locks[tid] = FileLock(self.layout.txlocks, offset=byte_for(tid))
+        return lock
 
     def _alive(self, tid: str) -> bool:
         """Does a live process hold ``tid``'s lock? (The lock dies with its holder.)"""
@@ -411,7 +420,7 @@ class Engine(Staging):
                                 alive=self._alive, include_active=include_active)
         for act in actions:
             lock = self._tx_lock(act.tid)
-            if not lock.try_acquire():
+            if lock.held or not lock.try_acquire():
                 continue  # somebody is working on it right now
             try:
                 self._refresh()

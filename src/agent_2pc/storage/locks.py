@@ -53,14 +53,14 @@ class FileLock:
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if self._create else 0)
         return os.open(self.path, flags, 0o644)
 
-    def _lock(self, fd: int) -> None:
-        """Take the lock on ``fd`` without waiting (BlockingIOError when it is held)."""
+    def _lock(self, fd: int, take: bool) -> None:
+        """Take (without waiting: BlockingIOError when it is held) or drop the lock on ``fd``."""
         if self.offset is None:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, (fcntl.LOCK_EX | fcntl.LOCK_NB) if take else fcntl.LOCK_UN)
             return
+        kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET,
-                                                           self.offset, 1, 0))
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, self.offset, 1, 0))
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 raise BlockingIOError(exc.errno, "locked") from None
@@ -74,17 +74,15 @@ class FileLock:
             self._depth += 1
             return True
         try:
-            fd = self._open()
+            if self._fd is None:  # kept open between holds: an open costs more than a lock
+                self._fd = self._open()
+            self._lock(self._fd, True)
+        except BlockingIOError:
+            self._mutex.release()
+            return False
         except BaseException:
             self._mutex.release()
             raise
-        try:
-            self._lock(fd)
-        except BlockingIOError:
-            os.close(fd)
-            self._mutex.release()
-            return False
-        self._fd = fd
         self._depth = 1
         return True
 
@@ -109,13 +107,30 @@ class FileLock:
         assert self._depth > 0, f"release of an unheld lock {self.path}"
         self._depth -= 1
         if self._depth == 0:
-            fd, self._fd = self._fd, None
-            assert fd is not None
-            os.close(fd)  # closing the descriptor drops the lock
+            assert self._fd is not None
+            self._lock(self._fd, False)
         self._mutex.release()
 
+    def close(self) -> None:
+        """Drop the descriptor (and with it the lock, if held)."""
+        with self._mutex:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+                self._depth = 0
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
     def is_free(self) -> bool:
-        """Is nobody holding it? (Probes by taking and dropping it.)"""
+        """Is nobody holding it, this object included? (Probes by taking and dropping it.)"""
+        if self._depth:
+            return False
         if self.try_acquire():
             self.release()
             return True

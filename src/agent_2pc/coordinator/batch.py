@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .client import Agent2PC, Transaction
 
 STEPS_MAX = 10_000
-_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # type: (required, optional)
+_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # step type: (required, optional)
     "fs_write": (("path",), ("content", "content_base64", "mode")),
     "fs_delete": (("path",), ()),
     "fs_replace": (("path", "old", "new"), ("all",)),

@@ -1,0 +1,143 @@
+"""Processes: the mount-namespace helper script, and making sure nothing a command started
+outlives it.
+
+Overlay tiers run the command through ``unshare --mount --pid --fork --kill-child
+--mount-proc`` and a small POSIX shell script (the helper). The helper is PID 1 of a new PID
+namespace: when it exits, the kernel kills every process left in that namespace, daemons that
+setsid() included, and waits for them before the helper's exit is reported. A timeout kills the
+helper (SIGKILL); then ``reap_namespace`` checks /proc until no live process of that namespace
+is left (the kernel tears it down asynchronously once PID 1 is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+NS_REAP_S_MAX = 10.0
+
+# The helper: $1..$9 are fixed, then the command. It opens every directory it needs *before*
+# mounting over the root (the upper dir and .agent-tx/ live below it) and hands them to the
+# mounts as /proc/self/fd/N, so no path needs escaping in a mount option. Status lines go to
+# the status file: @ok once the view is ready (the command runs only after that), @exit N when
+# the command ended, or @fail WHY (and the mount's own message) when the view could not be made.
+# The kernel overlay is mounted ``uuid=off,volatile`` where the kernel knows these options (it
+# is tried without them otherwise): uuid=on (the default since Linux 6.6) writes an xattr on the
+# upper root at mount time, and without volatile the upper file system is synced when the
+# namespace dies; either makes a run wait behind unrelated writeback on that disk (over 100 ms
+# measured). Nothing needs the upper dir to survive a crash, and no file handle is exported.
+HELPER = r"""
+root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 agent_tx=$9
+shift 9
+sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+exec 3>>"$status"
+fail() { echo "@fail $*" >&3; exit 125; }
+exec 5<"$root" 6<"$layer" 7<"$upper" 8<"$work"
+if [ -n "$agent_tx" ]; then exec 4<"$agent_tx"; fi
+lower=/proc/self/fd/6:/proc/self/fd/5
+case $mounter in
+overlay)
+    o="lowerdir=$lower,upperdir=/proc/self/fd/7,workdir=/proc/self/fd/8$opts"
+    PATH="$sys_path:$PATH" mount -t overlay agent-2pc-view -o "$o,uuid=off,volatile" "$root" \
+        2>/dev/null \
+    || PATH="$sys_path:$PATH" mount -t overlay agent-2pc-view -o "$o,volatile" "$root" \
+        2>/dev/null \
+    || PATH="$sys_path:$PATH" mount -t overlay agent-2pc-view -o "$o" "$root" \
+        2>&3 || fail "mount -t overlay was refused" ;;
+fuse-overlayfs)
+    PATH="$sys_path:$PATH" fuse-overlayfs \
+        -o "lowerdir=$lower,upperdir=/proc/self/fd/7,workdir=/proc/self/fd/8$opts" "$root" \
+        2>&3 || fail "fuse-overlayfs was refused" ;;
+*) fail "unknown mounter $mounter" ;;
+esac
+exec 5<&- 6<&- 7<&- 8<&-
+if [ -n "$agent_tx" ]; then
+    PATH="$sys_path:$PATH" mount -c --bind /proc/self/fd/4 "$root/.agent-tx" 2>&3 \
+        || fail "cannot bind .agent-tx back"
+    exec 4<&-
+fi
+cd "$cwd" 2>&3 || fail "cannot enter $cwd in the view"
+echo @ok >&3
+"$@" 3>&-
+rc=$?
+echo "@exit $rc" >&3
+exit $rc
+"""
+
+
+def ns_of_children(pid: int) -> tuple[int, int] | None:
+    """(dev, ino) of the PID namespace that ``pid``'s children live in, when it is not ours."""
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/pid_for_children")
+        ours = os.stat("/proc/self/ns/pid")
+    except OSError:
+        return None
+    key = (theirs.st_dev, theirs.st_ino)
+    return None if key == (ours.st_dev, ours.st_ino) else key
+
+
+def children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: str) -> bool:
+    """Not a zombie (a zombie has finished: it only waits to be reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return False
+    state = data[data.rfind(b")") + 2:data.rfind(b")") + 3]
+    return state not in (b"Z", b"X", b"x")
+
+
+def namespace_members(ns: tuple[int, int]) -> list[int]:
+    """Live processes in the PID namespace ``ns`` (a scan of /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{name}/ns/pid")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == ns and _alive(name):
+            out.append(int(name))
+    return out
+
+
+def reap_namespace(ns: tuple[int, int] | None, budget_s: float = NS_REAP_S_MAX) -> int:
+    """SIGKILL whatever still lives in ``ns`` until nothing does; return how many processes
+    were still alive when the budget ran out (0: the namespace is empty)."""
+    if ns is None:
+        return 0
+    deadline = time.monotonic() + budget_s
+    while True:
+        members = namespace_members(ns)
+        if not members:
+            return 0
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if time.monotonic() > deadline:
+            return len(members)
+        time.sleep(0.005)
+
+
+def exit_code(returncode: int) -> int:
+    """A subprocess return code as a shell gives it: 128+N when killed by signal N."""
+    return returncode if returncode >= 0 else 128 - returncode

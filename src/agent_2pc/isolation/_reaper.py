@@ -1,0 +1,151 @@
+"""Supervisor of a command in the copy tier (run as a script: ``python -S -I _reaper.py``).
+
+The copy tier has no PID namespace to contain a command, so this small process does it: it
+becomes a child subreaper (prctl PR_SET_CHILD_SUBREAPER), so that whatever the command leaves
+behind — children that outlive it, daemons that double-fork and setsid() — is re-parented to it
+rather than to init; it runs the command; when the command exits, or its time is up, or the
+caller asks (SIGTERM, or the caller's death through PR_SET_PDEATHSIG), it kills every
+descendant with SIGKILL and reaps them until none is left, then exits with the command's status.
+
+Standalone on purpose (stdlib only, no package import): it starts with ``-S -I``.
+
+    _reaper.py STATUS_FILE TIMEOUT_S INTERACTIVE(0|1) PARENT_PID -- CMD ARGS...
+
+It appends to STATUS_FILE: ``@ok`` once it runs, then ``@exit N`` (N as a shell gives it:
+128+signal when killed), ``@timeout``, or ``@fail WHY`` when it cannot supervise.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+KILL_ROUNDS_MAX = 500
+POLL_S = 0.02
+
+
+def children_of(pid: int) -> list[int]:
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+def descendants() -> list[int]:
+    me = os.getpid()
+    seen: list[int] = []
+    stack = [me]
+    while stack:
+        for c in children_of(stack.pop()):
+            if c not in seen:
+                seen.append(c)
+                stack.append(c)
+    return seen
+
+
+def reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def kill_all() -> bool:
+    """SIGKILL every descendant and reap them, until none is left. True when none is."""
+    for _ in range(KILL_ROUNDS_MAX):
+        pids = descendants()
+        if not pids:
+            return True
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except OSError:
+                pass
+        reap()
+        time.sleep(0.002)
+    return not descendants()
+
+
+def main(argv: list[str]) -> int:
+    status_path, timeout_s, interactive, parent = argv[:4]
+    assert argv[4] == "--", "usage: _reaper.py STATUS TIMEOUT_S INTERACTIVE PARENT -- CMD..."
+    cmd = argv[5:]
+    status = os.open(status_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+
+    def note(line: str) -> None:
+        os.write(status, (line + "\n").encode())
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        note(f"@fail prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
+        return 125
+    libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    if os.getppid() != int(parent):
+        note("@fail the caller died before the command started")
+        return 125
+    stop: list[int] = []
+
+    def on_stop(signum: int, frame: object) -> None:
+        stop.append(signum)
+
+    def on_tty(signum: int, frame: object) -> None:
+        pass  # a handler, not SIG_IGN: the command must get the default disposition
+
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGHUP, on_stop)
+    if interactive == "1":
+        signal.signal(signal.SIGINT, on_tty)
+        signal.signal(signal.SIGQUIT, on_tty)
+    note("@ok")
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as exc:
+        print(f"{cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
+        note("@exit 127")
+        return 127
+    limit = float(timeout_s)
+    deadline = time.monotonic() + limit if limit > 0 else None
+    rc = None
+    while rc is None:
+        if stop:
+            break
+        wait_s = POLL_S
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            wait_s = min(wait_s, left)
+        try:
+            rc = child.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    clean = kill_all()
+    if not clean:
+        note("@fail processes survived SIGKILL")
+    if rc is None:
+        note("@timeout" if not stop else f"@killed {stop[0]}")
+        return 137
+    code = rc if rc >= 0 else 128 - rc
+    note(f"@exit {code}")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

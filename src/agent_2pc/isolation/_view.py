@@ -1,0 +1,586 @@
+"""The staged view: run commands against the repo as it would be after commit.
+
+Tiers, best first (docs/staged-view.md):
+  overlay         kernel overlayfs in a private mount namespace (a user namespace when not
+                  root), mounted over the repo's own path; lower dirs: the staged layer, the
+                  repo; upper: a scratch dir that receives every write.
+  fuse-overlayfs  the same with fuse-overlayfs, where the kernel refuses overlay.
+  copy            a copy of the tree elsewhere, compared before and after.
+With no tier asked for, the first one the host allows is used: a tier whose mount is refused is
+recorded in ``refused`` and the next one is tried — the command had not started. A tier that
+was asked for and cannot be had raises IsolationUnavailable. No tier ever runs a command
+against the real tree: in the overlay tiers the command starts only after the helper reported
+the mount made (``@ok``), in the copy tier its working directory is in the copy.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import IsolationUnavailable, NotFound, PathOutsideRoot, UsageError
+from ..storage.workspace import DIRNAME
+from ._capture import Capture, capture_upper
+from ._copy import build_copy, capture_copy, picture, wait_for_tick
+from ._ignore import DEFAULT_IGNORE, Ignore
+from ._layer import Layer
+from ._procs import HELPER, children_of, exit_code, ns_of_children, reap_namespace
+from ._remove import discard, rmtree
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Iterable, Mapping, Sequence
+
+    from ..core.states import Op
+    from ..storage.blobs import BlobStore
+
+OVERLAY, FUSE, COPY = "overlay", "fuse-overlayfs", "copy"
+TIERS = (OVERLAY, FUSE, COPY)
+ENV_TIER = "AGENT2PC_ISOLATION"  # overlay | fuse-overlayfs | copy | auto
+TAIL_BYTES = 4096
+TAIL_BYTES_MAX = 1 << 20
+TIMEOUT_S_MAX = 30 * 24 * 3600.0
+REAPER_GRACE_S = 10.0  # the copy tier's supervisor enforces the timeout; this is our backstop
+KILL_WAIT_S = 10.0
+ARGV_ITEMS_MAX = 100_000
+# redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
+# renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
+# index=off: no hard-link index in the work dir. In a user namespace the kernel wants
+# redirect_dir=nofollow with userxattr (same effect for us: no redirect is ever created).
+ROOT_OPTS = ",redirect_dir=off,metacopy=off,index=off"
+USERNS_OPTS = ",redirect_dir=nofollow,metacopy=off,index=off,userxattr"
+SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+
+_probe_cache: dict[str, str | None] | None = None
+
+
+def _which(name: str) -> str | None:
+    return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + SYS_PATH)
+
+
+def _userns_refusal() -> str | None:
+    """Why an unprivileged user namespace cannot be had here (None: it can, as far as the
+    host's settings tell)."""
+    for path, bad in (("/proc/sys/user/max_user_namespaces", "0"),
+                      ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
+                      ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1")):
+        try:
+            with open(path) as f:
+                if f.read().strip() == bad:
+                    return f"{path} is {bad}: no user namespaces for users other than root"
+        except OSError:
+            pass
+    return None
+
+
+def probe_tiers(refresh: bool = False) -> dict[str, str | None]:
+    """For each tier, None when the host may have it, else why not. Cheap (no mount is tried:
+    a refused mount is found at the first run and the next tier is taken then)."""
+    global _probe_cache
+    if _probe_cache is not None and not refresh:
+        return dict(_probe_cache)
+    out: dict[str, str | None] = {}
+    ns: str | None = None
+    if not _which("unshare"):
+        ns = "unshare(1) is not installed (util-linux)"
+    elif os.geteuid() != 0:
+        ns = _userns_refusal()
+    if ns is not None:
+        out[OVERLAY] = ns
+    elif not _which("mount"):
+        out[OVERLAY] = "mount(8) is not installed"
+    else:
+        out[OVERLAY] = None
+    if ns is not None:
+        out[FUSE] = ns
+    elif not _which("fuse-overlayfs"):
+        out[FUSE] = "fuse-overlayfs is not installed"
+    elif not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        out[FUSE] = "/dev/fuse is missing or not accessible"
+    else:
+        out[FUSE] = None
+    out[COPY] = None
+    _probe_cache = out
+    return dict(out)
+
+
+class RunResult:
+    """One command run in a view.
+
+    ``exit_code`` is the command's status as a shell gives it (128+N when a signal N ended
+    it), None when it timed out (``timed_out``). ``duration_ms`` is the wall time from start to
+    the last process reaped; ``setup_ms`` the time spent building the view before that (0 for
+    a view that was already built). ``log_path`` and ``tail`` (the last bytes of the log,
+    decoded) are None in interactive mode. ``survivors`` counts processes found alive after
+    the kill's budget ran out (0 unless the host misbehaves).
+    """
+
+    __slots__ = ("tier", "namespace", "command", "cwd", "exit_code", "timed_out",
+                 "duration_ms", "setup_ms", "log_path", "tail", "interactive", "survivors",
+                 "refused")
+
+    def __init__(self, *, tier: str, namespace: str | None, command: list[str], cwd: str,
+                 exit_code: int | None, timed_out: bool, duration_ms: float,
+                 log_path: str | None, tail: str | None, interactive: bool,
+                 survivors: int) -> None:
+        self.tier = tier
+        self.namespace = namespace  # mount+pid | user+mount+pid | None (copy)
+        self.command = command
+        self.cwd = cwd  # the working directory as the command saw it
+        self.exit_code = exit_code
+        self.timed_out = timed_out
+        self.duration_ms = duration_ms
+        self.setup_ms = 0.0
+        self.log_path = log_path
+        self.tail = tail
+        self.interactive = interactive
+        self.survivors = survivors
+        self.refused: dict[str, str] = {}  # tiers passed over, and why
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"isolation": self.tier, "exit_code": self.exit_code, "passed": self.passed,
+                "timed_out": self.timed_out, "duration_ms": self.duration_ms,
+                "setup_ms": self.setup_ms, "log": self.log_path, "tail": self.tail}
+
+    def __repr__(self) -> str:
+        return (f"RunResult({self.tier}, exit_code={self.exit_code}, "
+                f"timed_out={self.timed_out}, {self.duration_ms} ms)")
+
+
+def _argv(command: str | Sequence[str]) -> list[str]:
+    if isinstance(command, str):
+        if not command.strip():
+            raise UsageError("the command is empty")
+        return ["/bin/sh", "-c", command]
+    argv = [os.fsdecode(a) if isinstance(a, bytes) else a for a in command]
+    if not argv or len(argv) > ARGV_ITEMS_MAX or not all(isinstance(a, str) for a in argv):
+        raise UsageError("the command is a non-empty list of strings")
+    if not argv[0]:
+        raise UsageError("the command's program name is empty")
+    return argv
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+class StagedView:
+    """``StagedView(root, tx.changes(), engine.blobs, scratch_dir=..., trash_dir=...)``.
+
+    Build it, ``run`` commands in it (as many as needed, one at a time: what one writes, the
+    next sees), ``capture`` what they changed, ``close`` it (or use ``with``). Nothing is
+    mounted between runs: each run sets up its own namespace, which dies with the run.
+
+    root          the repo; must be a directory (its real path is used).
+    changes       the transaction's net changes (``Op``: path, op write|delete, blob, mode).
+    blobs         the BlobStore the ops' blobs live in (None when there is no write).
+    tier          overlay | fuse-overlayfs | copy | auto | None (None: $AGENT2PC_ISOLATION,
+                  else auto).
+    ignore        globs never captured nor copied (_ignore.py); .git and .agent-tx always.
+    scratch_dir   where the view's own directory goes (upper and work dirs, logs, status):
+                  default ``<root>/.agent-tx/tx`` in a workspace, else the temp dir. Inside
+                  the repo only below .agent-tx/ (the view hides it behind the real one).
+    trash_dir     where large scratch goes to be deleted in the background (same file system
+                  as scratch_dir); default ``<root>/.agent-tx/trash`` in a workspace.
+    layer_parent  where the staged layer is built (outside the repo): default /dev/shm.
+    copy_parent   where the copy tier copies the tree: default the temp dir.
+    """
+
+    def __init__(self, root: str | os.PathLike[str], changes: Iterable[Op] = (),
+                 blobs: BlobStore | None = None, *, tier: str | None = None,
+                 ignore: Iterable[str] = DEFAULT_IGNORE,
+                 scratch_dir: str | os.PathLike[str] | None = None,
+                 trash_dir: str | os.PathLike[str] | None = None,
+                 layer_parent: str | os.PathLike[str] | None = None,
+                 copy_parent: str | os.PathLike[str] | None = None) -> None:
+        real = os.path.realpath(os.fspath(root))
+        if not os.path.isdir(real):
+            raise UsageError(f"not a directory: {real}")
+        self.root = real
+        self.ignore = Ignore(ignore)
+        self.refused: dict[str, str] = {}
+        self._candidates, self.forced = self._choose(tier)
+        self.tier = self._candidates[0]  # final after the first run
+        self.layer = Layer(real, changes, blobs)
+        agent_tx = os.path.join(real, DIRNAME)
+        self.agent_tx = agent_tx if os.path.isdir(agent_tx) else None
+        if scratch_dir is None:
+            scratch = os.path.join(agent_tx, "tx") if self.agent_tx else tempfile.gettempdir()
+        else:
+            scratch = os.path.realpath(os.fspath(scratch_dir))
+        if _inside(scratch, real) and not (self.agent_tx and _inside(scratch, agent_tx)):
+            raise UsageError(f"the view's scratch dir {scratch} is inside the repo; put it "
+                             f"below {DIRNAME}/ or outside the repo")
+        if trash_dir is None and self.agent_tx and _inside(scratch, agent_tx):
+            trash_dir = os.path.join(agent_tx, "trash")
+        self.trash_dir = os.fspath(trash_dir) if trash_dir is not None else None
+        self._layer_parent = os.fspath(layer_parent) if layer_parent is not None else None
+        self._copy_parent = os.fspath(copy_parent) if copy_parent is not None else None
+        os.makedirs(scratch, exist_ok=True)
+        self.dir = tempfile.mkdtemp(prefix="view-", dir=scratch)
+        self._layer_dir: str | None = None
+        self._upper: str | None = None
+        self._work: str | None = None
+        self._copy_base: str | None = None
+        self._copy_root: str | None = None
+        self._before: dict[str, Any] | None = None
+        self._built: str | None = None  # the tier whose view is built
+        self._work_used = False
+        self._ran = False
+        self._runs = 0
+        self._running = False
+        self._closed = False
+        self._failure = ""
+
+    # -- choosing a tier ---------------------------------------------------------------------
+
+    def _choose(self, tier: str | None) -> tuple[list[str], bool]:
+        asked = tier if tier is not None else (os.environ.get(ENV_TIER) or "auto")
+        probe = probe_tiers()
+        if asked == "auto":
+            for t, why in probe.items():
+                if why is not None:
+                    self.refused[t] = why
+            return [t for t in TIERS if probe[t] is None], False
+        if asked not in TIERS:
+            raise UsageError(f"unknown isolation tier {asked!r} (overlay, fuse-overlayfs, copy "
+                             "or auto)")
+        why = probe[asked]
+        if why is not None:
+            raise IsolationUnavailable(f"the {asked} tier is not available on this host: {why}",
+                                       tier=asked)
+        return [asked], True
+
+    @property
+    def view_root(self) -> str:
+        """Where commands see the repo: its own path (overlay tiers), or the copy."""
+        if self.tier == COPY and self._copy_root is not None:
+            return self._copy_root
+        return self.root
+
+    @property
+    def namespace(self) -> str | None:
+        return _namespace(self.tier)
+
+    # -- building ----------------------------------------------------------------------------
+
+    def _outside_repo(self, parent: str, what: str) -> str:
+        real = os.path.realpath(parent)
+        if _inside(real, self.root):
+            raise UsageError(f"the {what} must be outside the repo; {real} is not")
+        return real
+
+    def _build(self, tier: str) -> None:
+        if self._built == tier:
+            return
+        if tier == COPY:
+            parent = self._outside_repo(self._copy_parent or tempfile.gettempdir(), "copy")
+            self._copy_base = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-copy-",
+                                               dir=parent)
+            dest = os.path.join(self._copy_base, os.path.basename(self.root) or "root")
+            os.mkdir(dest, 0o700)
+            self._copy_root = dest
+            build_copy(self.root, dest, self.layer, self.ignore)
+            self._before = picture(dest, self.ignore)[0]
+            wait_for_tick(self._copy_base, self._before)
+        else:
+            if self._layer_dir is None:
+                default = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else \
+                    tempfile.gettempdir()
+                parent = self._outside_repo(self._layer_parent or default, "staged layer")
+                self._layer_dir = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-layer-",
+                                                   dir=parent)
+                self.layer.build_overlay(self._layer_dir)
+            if self._upper is not None:  # left by a tier whose mount was refused
+                rmtree(self._upper)
+            self._upper = os.path.join(self.dir, "upper")
+            os.mkdir(self._upper, 0o700)
+            self._work = os.path.join(self.dir, f"work-{self._runs}")
+            os.mkdir(self._work, 0o700)
+            self._work_used = False
+            self.layer.match_root(self._upper)  # the view's root shows the upper's attributes
+        self._built = tier
+
+    # -- running -----------------------------------------------------------------------------
+
+    def _rel_cwd(self, cwd: str | os.PathLike[str] | None) -> str:
+        if cwd is None:
+            return ""
+        p = os.fspath(cwd)
+        if not os.path.isabs(p):
+            p = os.path.join(self.root, p)
+        p = os.path.realpath(p) if os.path.exists(p) else os.path.normpath(p)
+        if not _inside(p, self.root):
+            raise PathOutsideRoot(f"the working directory {p} is outside the repo {self.root}",
+                                  path=p)
+        rel = "" if p == self.root else p[len(self.root) + 1:]
+        if rel:
+            seen = self.layer.before(rel)
+            if seen is None or seen.kind != "dir":
+                raise NotFound(f"{rel} is not a directory in the staged view", path=rel)
+        return rel
+
+    def _env(self, env: Mapping[str, str] | None, tier: str, cwd: str) -> dict[str, str]:
+        out = dict(os.environ if env is None else env)
+        out["PWD"] = cwd
+        out["AGENT2PC_VIEW"] = tier
+        if tier == COPY and self.agent_tx and "AGENT2PC_ROOT" not in out:
+            out["AGENT2PC_ROOT"] = self.root  # nested agent-2pc calls reach the real workspace
+        return out
+
+    def run(self, command: str | Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
+            env: Mapping[str, str] | None = None, timeout_s: float | None = None,
+            interactive: bool = False, log_path: str | os.PathLike[str] | None = None,
+            tail_bytes: int = TAIL_BYTES, stdout_fd: int | None = None) -> RunResult:
+        """Run ``command`` (argv list, or a shell string for /bin/sh -c) in the view.
+
+        cwd          a directory of the view: relative to the repo root, or an absolute path
+                     inside the repo (default: the root); mapped into the view.
+        env          the command's environment (default: ours); PWD and AGENT2PC_VIEW (the
+                     tier) are set, and AGENT2PC_ROOT in the copy tier.
+        timeout_s    wall time; when it runs out every process of the command is killed
+                     (SIGKILL) and the result says ``timed_out``.
+        interactive  stdin/stdout/stderr are the caller's own (a terminal stays one); no log.
+                     Otherwise stdin is /dev/null and stdout+stderr go to ``log_path``
+                     (default: a file in the view's dir, gone at close).
+        stdout_fd    interactive only: our descriptor that the command's stdout goes to
+                     instead of ours (2 for ``exec --json``, whose stdout is the JSON alone).
+        """
+        if self._closed:
+            raise UsageError("this staged view is closed")
+        assert not self._running, "one run at a time per view"
+        argv = _argv(command)
+        rel = self._rel_cwd(cwd)
+        if timeout_s is not None and not 0 < timeout_s <= TIMEOUT_S_MAX:
+            raise UsageError(f"the timeout must be between 0 and {TIMEOUT_S_MAX:.0f} s")
+        if stdout_fd is not None and not interactive:
+            raise UsageError("stdout_fd is for interactive runs (others write to the log)")
+        if not 0 <= tail_bytes <= TAIL_BYTES_MAX:
+            raise UsageError(f"tail_bytes must be between 0 and {TAIL_BYTES_MAX}")
+        if log_path is not None:
+            log = os.path.realpath(os.fspath(log_path))
+            if _inside(log, self.root) and not (self.agent_tx and _inside(log, self.agent_tx)):
+                raise UsageError(f"the log {log} would be a file in the repo; put it below "
+                                 f"{DIRNAME}/ or outside the repo")
+        self._running = True
+        try:
+            while True:
+                tier = self._candidates[0]
+                t0 = time.perf_counter()
+                self._build(tier)
+                setup_ms = round((time.perf_counter() - t0) * 1000, 3)
+                res = self._run_once(tier, argv, rel, env, timeout_s, interactive,
+                                     None if log_path is None else os.fspath(log_path),
+                                     tail_bytes, stdout_fd)
+                if res is not None:
+                    self.tier = tier
+                    self._candidates = [tier]
+                    self._ran = True
+                    res.setup_ms = setup_ms
+                    res.refused = dict(self.refused)
+                    return res
+                self.refused[tier] = self._failure
+                if self.forced or self._ran or len(self._candidates) == 1:
+                    raise IsolationUnavailable(
+                        f"the {tier} tier cannot make a staged view here: {self._failure}",
+                        tier=tier, refused=dict(self.refused))
+                self._candidates.pop(0)
+        finally:
+            self._running = False
+
+    def _helper_argv(self, tier: str, argv: list[str], view_cwd: str, status: str) -> list[str]:
+        unshare = _which("unshare")
+        assert unshare is not None
+        assert self._layer_dir and self._upper and self._work
+        head = [unshare]
+        cmd = argv
+        if os.geteuid() != 0:
+            # Mount as root of a new user namespace, then run the command as ourselves again
+            # in a nested one: it must not see itself as root.
+            head += ["--user", "--map-root-user"]
+            cmd = [unshare, "--user", f"--map-user={os.getuid()}",
+                   f"--map-group={os.getgid()}", "--", *argv]
+        opts = (ROOT_OPTS if os.geteuid() == 0 else USERNS_OPTS) if tier == OVERLAY else ""
+        head += ["--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
+                 "--mount-proc", "--", "/bin/sh", "-c", HELPER, "agent-2pc-view"]
+        return head + [self.root, self._layer_dir, self._upper, self._work, view_cwd, status,
+                       tier, opts, self.agent_tx or ""] + cmd
+
+    def _run_once(self, tier: str, argv: list[str], rel: str, env: Mapping[str, str] | None,
+                  timeout_s: float | None, interactive: bool, log_path: str | None,
+                  tail_bytes: int, stdout_fd: int | None) -> RunResult | None:
+        """Run once in ``tier``; None when the view could not be made (nothing ran)."""
+        self._runs += 1
+        status = os.path.join(self.dir, f"status-{self._runs}")
+        os.close(os.open(status, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600))
+        view_root = self._copy_root if tier == COPY else self.root
+        assert view_root is not None
+        view_cwd = os.path.join(view_root, rel) if rel else view_root
+        log = None
+        log_fd = None
+        if not interactive:
+            log = log_path or os.path.join(self.dir, f"run-{self._runs}.log")
+            log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        if tier == COPY:
+            full = [sys.executable, "-S", "-I", REAPER, status,
+                    repr(float(timeout_s or 0)), "1" if interactive else "0",
+                    str(os.getpid()), "--", *argv]
+            popen_cwd: str | None = view_cwd
+        else:
+            # A volatile mount refuses a work dir that one used before: each run after the
+            # first gets a fresh one. The old ones go at close (a delete frees disk blocks,
+            # which is slow on discard mounts: not on the critical path).
+            if self._work_used:
+                self._work = os.path.join(self.dir, f"work-{self._runs}")
+                os.mkdir(self._work, 0o700)
+            self._work_used = True
+            full = self._helper_argv(tier, argv, view_cwd, status)
+            popen_cwd = "/"
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.Popen(
+                full, cwd=popen_cwd, env=self._env(env, tier, view_cwd),
+                stdin=None if interactive else subprocess.DEVNULL,
+                stdout=stdout_fd if interactive else log_fd,
+                stderr=None if interactive else subprocess.STDOUT,
+                start_new_session=not interactive)
+        finally:
+            if log_fd is not None:
+                os.close(log_fd)
+        timed_out, survivors = self._wait(proc, tier, timeout_s, interactive)
+        duration_ms = round((time.perf_counter() - t0) * 1000, 3)
+        with open(status, encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+        if "@ok" not in lines and not timed_out:
+            self._failure = "; ".join(line.removeprefix("@fail ").strip() for line in lines
+                                      if line.strip()) or f"the helper exited {proc.returncode}"
+            return None
+        code: int | None = None
+        for line in lines:
+            if line.startswith("@exit "):
+                code = int(line.split()[1])
+            elif line == "@timeout":
+                timed_out = True
+            elif line.startswith("@fail "):
+                survivors = max(survivors, 1)
+        if code is None and not timed_out:
+            code = exit_code(proc.returncode)
+        return RunResult(tier=tier, namespace=_namespace(tier),
+                         command=argv, cwd=view_cwd, exit_code=None if timed_out else code,
+                         timed_out=timed_out, duration_ms=duration_ms, log_path=log,
+                         tail=None if log is None else _tail(log, tail_bytes),
+                         interactive=interactive, survivors=survivors)
+
+    def _wait(self, proc: subprocess.Popen[bytes], tier: str, timeout_s: float | None,
+              interactive: bool) -> tuple[bool, int]:
+        """Wait for the helper; kill everything on timeout or on an exception (then re-raise).
+        Returns (timed out, survivors)."""
+        budget = timeout_s
+        if tier == COPY and timeout_s is not None:
+            budget = timeout_s + REAPER_GRACE_S
+        saved = []
+        if interactive:  # like system(3): the terminal's ^C and ^\ are for the command
+            for sig in (signal.SIGINT, signal.SIGQUIT):
+                try:
+                    saved.append((sig, signal.signal(sig, signal.SIG_IGN)))
+                except ValueError:
+                    pass  # not the main thread: signals cannot be changed from here
+        try:
+            try:
+                proc.wait(budget)
+                return False, 0
+            except subprocess.TimeoutExpired:
+                return True, self._kill(proc, tier, interactive)
+            except BaseException:
+                self._kill(proc, tier, interactive)
+                raise
+        finally:
+            for sig, old in saved:
+                signal.signal(sig, old)
+
+    def _kill(self, proc: subprocess.Popen[bytes], tier: str, interactive: bool) -> int:
+        """Kill the command's every process; return how many survived (should be 0)."""
+        if tier == COPY:
+            proc.send_signal(signal.SIGTERM)  # the supervisor kills its descendants
+            try:
+                proc.wait(KILL_WAIT_S)
+                return 0
+            except subprocess.TimeoutExpired:
+                pass
+        ns = ns_of_children(proc.pid)
+        for pid in children_of(proc.pid):  # PID 1 of the namespace: its death kills the rest
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if not interactive:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        proc.kill()
+        proc.wait()
+        return reap_namespace(ns)
+
+    # -- capture and cleanup -----------------------------------------------------------------
+
+    def capture(self, select: Callable[[str], bool] | None = None) -> Capture:
+        """What the runs so far changed, relative to the repo root. ``select(path)`` narrows
+        it (e.g. the paths a stage-cmd promotes); the content of a write stays readable at its
+        ``source`` until ``close``."""
+        if self._closed:
+            raise UsageError("this staged view is closed")
+        if not self._ran:
+            return Capture()
+        if self.tier == COPY:
+            assert self._copy_root is not None and self._before is not None
+            return capture_copy(self._copy_root, self._before, self.layer, self.ignore, select)
+        assert self._upper is not None
+        return capture_upper(self._upper, self.layer, self.ignore, fuse=self.tier == FUSE,
+                             select=select)
+
+    def close(self) -> None:
+        """Remove everything the view made: the staged layer, the upper and work dirs, the
+        copy, logs kept in the view's dir. Large trees go to the trash at once and are deleted
+        in the background. Idempotent."""
+        if self._closed:
+            return
+        assert not self._running, "close() while a run is in progress"
+        self._closed = True
+        if self._layer_dir is not None:
+            rmtree(self._layer_dir)  # tmpfs, and small: at once
+        if self._copy_base is not None:
+            discard(self._copy_base)
+        discard(self.dir, self.trash_dir)
+
+    def __enter__(self) -> StagedView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _namespace(tier: str) -> str | None:
+    """What isolates a command of ``tier`` (None: no namespace, the copy tier)."""
+    if tier == COPY:
+        return None
+    return "mount+pid" if os.geteuid() == 0 else "user+mount+pid"
+
+
+def _tail(path: str, n: int) -> str:
+    if n == 0:
+        return ""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - n))
+        return f.read(n).decode("utf-8", errors="replace")

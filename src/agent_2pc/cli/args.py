@@ -148,7 +148,7 @@ def parse(argv: list[str], commands: tuple[Command, ...], prog: str = "agent-2pc
     if not path:
         raise UsageError(f"no command given; see '{prog} --help'")
     cmd = path[-1]
-    if cmd.subcommands:
+    if cmd.subcommands and cmd.run is None:
         raise UsageError(f"'{cmd.name}' needs a subcommand: "
                          + ", ".join(c.name for c in cmd.subcommands))
     names = [p for p, _ in cmd.positionals]

@@ -25,6 +25,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   `-- IsolationUnavailable          isolation_unavailable
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
+    |   |-- CheckFailed                   verification_failed | command_failed | timeout |
+    |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
@@ -165,6 +167,19 @@ class TransactionAborted(Refusal):
         super().__init__(message, code=code, **details)
         self.tid = tid
         self.reason = message
+
+
+class CheckFailed(Refusal):
+    """A command run in the staged view failed (a check, an exec). Nothing was staged by it,
+    and the transaction stays active: fix and run again, or abort. ``details["result"]`` is
+    the run's result (exit code, log, ...)."""
+
+    code = "verification_failed"
+
+    def __init__(self, message: str, *, code: str = "verification_failed",
+                 tid: str | None = None, **details: Any) -> None:
+        super().__init__(message, code=code, **details)
+        self.tid = tid
 
 
 class Busy(Refusal):

@@ -17,6 +17,19 @@ if TYPE_CHECKING:
     from typing import Any
 
 TID = Opt("--tid", required=True, metavar="TID", help="the transaction id")
+LIMIT_NAMES = ("max_runtime_ms", "max_cpu_ms", "max_procs", "max_memory_mb",
+               "max_files_written", "max_forks_per_s", "max_deletes_per_s")
+LIMIT_HELP = {"max_runtime_ms": "wall time (ms)", "max_cpu_ms": "CPU time (ms)",
+              "max_procs": "number of processes", "max_memory_mb": "memory (MiB)",
+              "max_files_written": "number of files written",
+              "max_forks_per_s": "rate of process creation (per s)",
+              "max_deletes_per_s": "rate of deletions (per s)"}
+CMD_OPTS = (
+    TID,
+    Opt("--command", required=True, metavar="C", help="the command line (run by /bin/sh -c)"),
+    Opt("--timeout-ms", type=int_arg, metavar="N", help="kill it after N ms (default 10 min)"),
+    Opt("--promote", MULTI, metavar="GLOB", help="stage the files it writes that match GLOB"),
+)
 PATH = Opt("--path", required=True, metavar="PATH", help="a path relative to the root")
 
 
@@ -126,6 +139,37 @@ def run_stage_api(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
         args["idempotency_key"], compensate)
 
 
+def _limits(args: dict[str, Any]) -> dict[str, int]:
+    return {name: args[name] for name in LIMIT_NAMES if args.get(name) is not None}
+
+
+def run_stage_cmd(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.stage_cmd(
+        args["tid"], args["command"], timeout_ms=args["timeout_ms"], promote=args["promote"],
+        sandbox=args.get("sandbox", False), network=args.get("network", False),
+        limits=_limits(args) or None)
+
+
+def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
+    if not args["argv"]:
+        raise UsageError("exec needs a command after '--': agent-2pc exec --tid T -- CMD ARGS")
+    out = ctx.client().engine.exec_cmd(args["tid"], args["argv"], timeout_ms=args["timeout_ms"],
+                                       interactive=True, stdout_fd=2 if ctx.json else None)
+    if ctx.json:
+        return out  # type: ignore[no-any-return]
+    import sys
+
+    sys.stderr.write(text_exec(out) + "\n")  # stdout belonged to the command
+    return None
+
+
+def run_stage_vm(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..coordinator.runs import stage_vm_unavailable
+
+    ctx.client().engine.status(args["tid"])  # an unknown tid is still unknown_tid
+    raise stage_vm_unavailable()
+
+
 def run_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().engine.diff(args["tid"], stat_only=args["stat"])
 
@@ -199,6 +243,23 @@ def text_api(r: dict[str, Any]) -> str:
     comp = " (with a compensation)" if r["compensate"] else ""
     return (f"staged call {r['n']}: {r['method']} {r['url']}{comp}, "
             f"Idempotency-Key {r['idempotency_key']}")
+
+
+def text_check(r: dict[str, Any]) -> str:
+    lines = [f"check passed in {r['duration_ms']:.0f} ms ({r['isolation']}); log: {r['log']}"]
+    if r.get("promoted"):
+        lines.append("promoted: " + ", ".join(r["promoted"]))
+    return "\n".join(lines)
+
+
+def text_exec(r: dict[str, Any]) -> str:
+    staged = r.get("captured") or []
+    head = (f"agent-2pc: exit {r['exit_code']} in {r['duration_ms']:.0f} ms ({r['isolation']}); "
+            f"staged {len(staged)} change{'s' if len(staged) != 1 else ''}")
+    lines = [head] + [f"  {c['op']:<7} {c['path']}" for c in staged]
+    lines += [f"  skipped {s['path']} ({s.get('reason') or s['kind']})"
+              for s in r.get("skipped") or []]
+    return "\n".join(lines)
 
 
 def text_patch(r: dict[str, Any]) -> str:
@@ -298,6 +359,23 @@ COMMANDS: tuple[Command, ...] = (
                 Opt("--compensate-url", metavar="U", help="the compensation's URL"),
                 Opt("--compensate-body", metavar="JSON", help="the compensation's body")),
             extra={"text": text_api}),
+    Command("stage-cmd", "run a check in the staged view; commit re-runs it if content changes",
+            run_stage_cmd, CMD_OPTS + (
+                Opt("--sandbox", FLAG, help="confine it: host read-only, private /tmp, no "
+                    "network"),
+                Opt("--network", FLAG, help="with --sandbox: allow the network")),
+            extra={"text": text_check}),
+    Command("stage-governed", "run a check under limits (time, CPU, processes, memory, ...)",
+            run_stage_cmd, CMD_OPTS + tuple(
+                Opt("--" + name.replace("_", "-"), type=int_arg, metavar="N",
+                    help=f"trip and kill the command past this {LIMIT_HELP[name]}")
+                for name in LIMIT_NAMES), extra={"text": text_check}),
+    Command("exec", "run a command (a shell, an agent) in the staged view and stage what it "
+            "changes", run_exec, (
+                TID, Opt("--timeout-ms", type=int_arg, metavar="N",
+                         help="kill it after N ms (default: none)")), takes_rest=True),
+    Command("stage-vm", "run a step in a microVM (needs KVM and a VM monitor)", run_stage_vm,
+            (TID,), takes_rest=True),
     Command("diff", "show what the transaction would change", run_diff, (
         TID, Opt("--stat", FLAG, help="a summary per file instead of the diff")),
         extra={"text": text_diff}),

@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from .commands import COMMANDS
 
-    as_json = "--json" in argv
+    as_json = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
     try:
         path, args = parse(argv, COMMANDS)
     except HelpRequested as req:

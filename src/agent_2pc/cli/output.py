@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import Agent2PCError, TransactionAborted
+from ..errors import Agent2PCError, CheckFailed, TransactionAborted
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ def failure(err: Agent2PCError) -> dict[str, Any]:
     if isinstance(err, TransactionAborted) and err.tid:
         out["tid"] = err.tid
         out["state"] = "aborted"
+    elif isinstance(err, CheckFailed) and err.tid:
+        out["tid"] = err.tid
     extra = err.details.get("result")
     if isinstance(extra, dict):
         out.update(extra)
@@ -70,5 +72,5 @@ def emit_error(err: Agent2PCError, as_json: bool) -> None:
         emit_json(failure(err))
         return
     obj = failure(err)
-    prefix = f"{obj['tid']}: aborted: " if "tid" in obj else ""
+    prefix = f"{obj['tid']}: aborted: " if obj.get("state") == "aborted" else ""
     sys.stderr.write(f"agent-2pc: {prefix}{err.message} [{err.code}]\n")

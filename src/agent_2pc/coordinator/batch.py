@@ -6,7 +6,9 @@
 
 Step types: ``fs_write`` (path, content | content_base64, mode), ``fs_delete`` (path),
 ``fs_replace`` (path, old, new, all), ``fs_patch`` (patch), ``api`` (method, url, body,
-headers, idempotency_key, compensate: an HTTP call sent exactly once at commit). A step may
+headers, idempotency_key, compensate: an HTTP call sent exactly once at commit), ``command``
+(command, timeout_ms, promote, sandbox, network: a check in the staged view), ``exec`` (argv,
+timeout_ms: a command whose changes are staged). A step may
 also be given as the intent itself (``{"type": "fs_write", ...}``). The whole manifest is
 checked before the transaction begins, so a malformed one changes nothing; a step that fails
 aborts the transaction, and the error names the step.
@@ -31,9 +33,9 @@ _FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # step type: (r
     "fs_replace": (("path", "old", "new"), ("all",)),
     "fs_patch": (("patch",), ()),
     "api": (("method", "url"), ("body", "headers", "idempotency_key", "compensate")),
+    "command": (("command",), ("timeout_ms", "promote", "sandbox", "network")),
+    "exec": (("argv",), ("timeout_ms",)),
 }
-_LATER = {"command": "command steps run in the staged view, which is not built yet",
-          "exec": "exec steps run in the staged view, which is not built yet"}
 
 
 def _bad(msg: str, index: int | None = None) -> InvalidManifest:
@@ -73,8 +75,6 @@ def _parse_step(i: int, step: Any) -> dict[str, Any]:
     if not isinstance(intent, dict):
         raise _bad("'intent' must be a JSON object", i)
     kind = intent.get("type")
-    if kind in _LATER:
-        raise _bad(f"{kind!r}: {_LATER[kind]}", i)
     if kind not in _FIELDS:
         raise _bad(f"unknown step type {kind!r} (known: {', '.join(_FIELDS)})", i)
     required, optional = _FIELDS[kind]
@@ -91,6 +91,16 @@ def _parse_step(i: int, step: Any) -> dict[str, Any]:
                 raise _bad(f"{name!r} must be true or false", i)
         elif name in ("body",):
             pass  # any JSON value
+        elif name in ("sandbox", "network"):
+            if value is not None and not isinstance(value, bool):
+                raise _bad(f"{name!r} must be true or false", i)
+        elif name == "timeout_ms":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise _bad("'timeout_ms' must be a whole number", i)
+        elif name in ("promote", "argv"):
+            if value is not None and not (isinstance(value, list) and all(
+                    isinstance(v, str) for v in value)) or (name == "argv" and not value):
+                raise _bad(f"{name!r} must be a list of strings", i)
         elif name in ("headers", "compensate"):
             if value is not None and not isinstance(value, dict):
                 raise _bad(f"{name!r} must be a JSON object", i)
@@ -127,6 +137,11 @@ def _execute(tx: Transaction, intent: dict[str, Any]) -> dict[str, Any]:
     if kind == "fs_replace":
         return tx.stage_replace(intent["path"], intent["old"], intent["new"],
                                 all=bool(intent.get("all")))
+    if kind == "command":
+        return tx.stage_cmd(intent["command"], intent.get("timeout_ms"), intent.get("promote"),
+                            bool(intent.get("sandbox")), bool(intent.get("network")))
+    if kind == "exec":
+        return tx.exec(intent["argv"], intent.get("timeout_ms"))
     if kind == "api":
         return tx.stage_api(intent["method"], intent["url"], intent.get("body"),
                             intent.get("headers"), intent.get("idempotency_key"),

@@ -137,6 +137,28 @@ class Transaction:
         return self._engine.stage_api(self.tid, method, url, body, headers, idempotency_key,
                                       compensate)
 
+    def stage_cmd(self, command: str | list[str], timeout_ms: int | None = None,
+                  promote: list[str] | None = None, sandbox: bool = False,
+                  network: bool = False, limits: dict[str, int] | None = None
+                  ) -> dict[str, Any]:
+        """Run a check in the staged view (the repo as it would be after commit) and record
+        it: the commit runs it again if the staged content changes, and aborts with
+        ``verification_failed`` if its latest run failed. A failing run raises CheckFailed
+        (the transaction stays active). Files it writes matching ``promote`` globs are staged."""
+        return self._engine.stage_cmd(self.tid, command, timeout_ms, promote, sandbox, network,
+                                      limits)
+
+    def exec(self, argv: list[str], timeout_ms: int | None = None,
+             interactive: bool = False) -> dict[str, Any]:
+        """Run a command in the staged view and stage what it created, changed and deleted.
+        A failing command stages nothing and raises CheckFailed (``command_failed``)."""
+        return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive)
+
+    def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None
+                     ) -> dict[str, Any]:
+        """Run a command in the staged view just to look: its output, nothing captured."""
+        return self._engine.view_run(self.tid, command, timeout_ms)
+
     def savepoint(self, name: str) -> dict[str, Any]:
         return self._engine.savepoint(self.tid, name)
 

@@ -52,6 +52,7 @@ from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log
 from ..storage.scratch import discard, sweep_in_background
 from ..storage.workspace import Layout, is_workspace
+from .runs import Runs
 from .staging import Staging
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -91,7 +92,7 @@ def check_tid(tid: Any) -> str:
     return tid
 
 
-class Engine(Staging):
+class Engine(Staging, Runs):
     def __init__(self, root: str, *, recover_dead: bool = True) -> None:
         if not is_workspace(root):
             raise NotInitialized(f"no agent-2pc workspace at {root}", root=root)
@@ -244,6 +245,13 @@ class Engine(Staging):
             if isinstance(tx, dict) or tx.state != ACTIVE:
                 return self._answer_again(tx, COMMITTED)
             self._abort_if_stale(tx)
+            # Checks run before the commit lock is taken (they may take minutes); the
+            # transaction's own lock, held meanwhile, keeps its staged content as they saw it.
+            ok, reason, failed = self.run_stale_checks(tid)
+            if not ok:
+                self._abort_locked(self.txs[tid], "verification_failed", reason or "")
+                raise TransactionAborted(reason or "a check failed", code="verification_failed",
+                                         tid=tid, check=_check_summary(failed))
             with self.commit_lock:
                 self._finish_dead_locked()
                 self._prepare(tid)
@@ -597,6 +605,12 @@ class _Held:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def _check_summary(rec: dict[str, Any] | None) -> dict[str, Any] | None:
+    if rec is None:
+        return None
+    return {k: rec.get(k) for k in ("command", "exit_code", "timed_out", "log", "tail")}
 
 
 def summary(tx: Tx) -> dict[str, Any]:

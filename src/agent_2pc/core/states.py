@@ -6,6 +6,7 @@ Records (the payloads of log frames; docs/format.md lists every field)::
     read      {tid, ts, path, sha256}                               active
     stage     {tid, ts, path, op, via, blob, size, mode, pre}       active
     effect    {tid, ts, n, kind, request, key, compensate}          active
+    check     {tid, ts, key, command, options, fingerprint, ...}    active
     savepoint {tid, ts, name}                                       active
     rollback  {tid, ts, name}                                       active
     prepare   {tid, ts, pid}                                        active    -> preparing
@@ -46,6 +47,7 @@ TRANSITIONS: dict[tuple[str, str | None], str] = {
     ("read", ACTIVE): ACTIVE,
     ("stage", ACTIVE): ACTIVE,
     ("effect", ACTIVE): ACTIVE,
+    ("check", ACTIVE): ACTIVE,
     ("result", PREPARING): PREPARING,
     ("result", ABORTING): ABORTING,
     ("savepoint", ACTIVE): ACTIVE,
@@ -98,7 +100,7 @@ class Tx:
     """A transaction as folded from its records (plain class: dataclasses import slowly)."""
 
     __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
-                 "effects", "results", "savepoints", "outcome", "code", "reason",
+                 "effects", "results", "checks", "savepoints", "outcome", "code", "reason",
                  "decision_fields", "files",
                  "diverged", "uncompensated", "ended_ms", "records")
 
@@ -114,6 +116,7 @@ class Tx:
         self.reads: list[tuple[str, str | None]] = []
         self.effects: list[dict[str, Any]] = []  # the effect records, in staging order
         self.results: dict[tuple[str, int], dict[str, Any]] = {}  # (phase, n) -> last result
+        self.checks: dict[str, dict[str, Any]] = {}  # check key -> its latest run
         # name, #ops, #reads, #effects at that point
         self.savepoints: list[tuple[str, int, int, int]] = []
         self.outcome: str | None = None
@@ -186,6 +189,9 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
             tx.effects.append(rec)
         elif t == "result":
             tx.results[(rec["phase"], rec["n"])] = rec
+        elif t == "check":
+            tx.checks.pop(rec["key"], None)
+            tx.checks[rec["key"]] = rec
         elif t == "savepoint":
             tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
             tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads), len(tx.effects)))

@@ -1,0 +1,329 @@
+"""Commands run in the staged view: checks (stage-cmd), captured runs (exec), look-arounds.
+
+A *check* is a command the commit depends on: ``stage-cmd`` runs it in the staged view now and
+records the outcome with a fingerprint of the staged content it saw; at commit, a check whose
+fingerprint no longer matches runs again, and a check whose latest run failed is a no vote
+(``verification_failed``). A check is identified by its command and options; its latest run
+counts. What a check writes is thrown away, except paths matching ``--promote`` globs, which
+become staged writes.
+
+``exec`` runs a command (an agent, a shell, a build) in the staged view and stages what it
+created, modified and deleted; a command that fails stages nothing.
+
+No transaction lock is held while a command runs: commands may call agent-2pc themselves (a
+nested ``stage-write --tid T`` from inside the view lands in the real workspace). The staged
+content is read under the lock, the view is built from that snapshot, and what is staged
+afterwards is appended under the lock again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from ..core.states import Tx
+from ..errors import Agent2PCError, CheckFailed, TransactionAborted, UsageError
+from ..storage.blobs import BlobCorrupt, BlobStore, Pending
+from ..storage.hashing import sha256_bytes
+from .paths import resolve
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any, Callable, ContextManager
+
+    from ..isolation import RunResult, StagedView
+    from ..storage.workspace import Layout
+
+TIMEOUT_MS_DEFAULT = 10 * 60 * 1000
+TIMEOUT_MS_MAX = 24 * 3600 * 1000
+PROMOTE_GLOBS_MAX = 64
+COMMAND_CHARS_MAX = 64 * 1024
+
+
+def fingerprint(tx: Tx) -> str:
+    """What a check saw: the transaction's net staged change (path, op, blob, mode)."""
+    rows = [[op.path, op.op, op.blob, op.mode] for op in tx.changes()]
+    return sha256_bytes(json.dumps(rows, separators=(",", ":")).encode("utf-8"))
+
+
+def check_key(command: str | list[str], options: dict[str, Any]) -> str:
+    """A check's identity: its command and options (the latest run of a key counts)."""
+    return sha256_bytes(json.dumps([command, options], sort_keys=True,
+                                   separators=(",", ":")).encode("utf-8"))[:16]
+
+
+def _timeout_s(timeout_ms: int | None) -> float:
+    if timeout_ms is None:
+        timeout_ms = TIMEOUT_MS_DEFAULT
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
+            0 < timeout_ms <= TIMEOUT_MS_MAX):
+        raise UsageError(f"--timeout-ms must be between 1 and {TIMEOUT_MS_MAX}")
+    return timeout_ms / 1000.0
+
+
+def _command(command: Any) -> str | list[str]:
+    if isinstance(command, str):
+        if not command.strip() or len(command) > COMMAND_CHARS_MAX:
+            raise UsageError(f"the command must be 1 to {COMMAND_CHARS_MAX} characters")
+        return command
+    if (isinstance(command, (list, tuple)) and command
+            and all(isinstance(a, str) for a in command)):
+        return list(command)
+    raise UsageError("the command is a string (run by /bin/sh -c) or a list of arguments")
+
+
+def _glob_matcher(globs: list[str]) -> Callable[[str], bool]:
+    from fnmatch import fnmatchcase
+
+    if len(globs) > PROMOTE_GLOBS_MAX:
+        raise UsageError(f"at most {PROMOTE_GLOBS_MAX} --promote globs")
+    for g in globs:
+        if not isinstance(g, str) or not g:
+            raise UsageError("a --promote glob is a non-empty string")
+    return lambda path: any(fnmatchcase(path, g) for g in globs)
+
+
+class Runs:
+    """Mixed into Engine: stage-cmd, exec and looking around in the staged view."""
+
+    root: str
+    blobs: BlobStore
+    layout: Layout
+    txs: dict[str, Tx]
+    active: Callable[[str], ContextManager[Tx]]
+    _append: Callable[..., None]
+    _rec: Callable[..., dict[str, Any]]
+    _refresh: Callable[[], None]
+    _append_staged: Callable[[list[dict[str, Any]], list[Pending]], None]
+    _stage_rec: Callable[..., dict[str, Any]]
+    _pre: Callable[[Tx, str], str | None]
+    _check_placeable: Callable[[Tx, str], None]
+
+    # -- the view ----------------------------------------------------------------------------
+
+    def _snapshot(self, tid: str) -> Tx:
+        """The transaction's state, checked active, read under its lock (then released)."""
+        with self.active(tid) as tx:
+            return tx
+
+    def _view(self, tx: Tx, tier: str | None = None) -> StagedView:
+        from ..isolation import StagedView
+
+        try:
+            return StagedView(self.root, tx.changes(), self.blobs, tier=tier,
+                              scratch_dir=self.layout.tx_dir(tx.tid),
+                              trash_dir=self.layout.trash)
+        except BlobCorrupt as exc:
+            self.blobs.discard(exc.digest)
+            raise TransactionAborted(f"staged content is damaged: {exc}; stage it again",
+                                     code="corrupt_blob", tid=tx.tid) from None
+
+    def _log_path(self, tid: str, kind: str) -> str:
+        logs = os.path.join(self.layout.tx_dir(tid), "logs")
+        os.makedirs(logs, exist_ok=True)
+        return os.path.join(logs, f"{kind}-{os.urandom(4).hex()}.log")
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def stage_cmd(self, tid: str, command: str | list[str], timeout_ms: int | None = None,
+                  promote: list[str] | None = None, sandbox: bool = False,
+                  network: bool = False, limits: dict[str, int] | None = None
+                  ) -> dict[str, Any]:
+        """Run a check in the staged view now and record it; at commit it runs again if the
+        staged content changed since. A failing check raises TransactionAborted with code
+        ``verification_failed`` (or ``timeout``) and the result — the transaction stays active."""
+        command = _command(command)
+        timeout_s = _timeout_s(timeout_ms)
+        promote = list(promote or [])
+        select = _glob_matcher(promote) if promote else None
+        if network and not sandbox:
+            raise UsageError("--network only makes sense with --sandbox")
+        options = {"timeout_ms": timeout_ms, "promote": promote, "sandbox": sandbox,
+                   "network": network, "limits": limits or {}}
+        tx = self._snapshot(tid)
+        result, staged = self._run_check(tx, command, options, timeout_s, select)
+        out = {**result, "promoted": staged}
+        if not result["passed"]:
+            code = "timeout" if result.get("timed_out") else "verification_failed"
+            raise CheckFailed(
+                f"the check {command!r} failed (exit {result['exit_code']}); the transaction "
+                "stays active: fix and run it again, or abort", code=code, tid=tid,
+                result={"tid": tid, **out})
+        return out
+
+    def _run_check(self, tx: Tx, command: str | list[str], options: dict[str, Any],
+                   timeout_s: float, select: Callable[[str], bool] | None
+                   ) -> tuple[dict[str, Any], list[str]]:
+        """Run one check against ``tx``'s staged content, record it, promote if asked."""
+        fp = fingerprint(tx)
+        view = self._view(tx)
+        staged: list[str] = []
+        try:
+            res = self._run(view, command, options, timeout_s, self._log_path(tx.tid, "check"))
+            if res.passed and select is not None:
+                staged = self._stage_capture(tx.tid, view, select, via="promote")
+        finally:
+            view.close()
+        result = _result_json(res)
+        rec = {"key": check_key(command, options), "command": command, "options": options,
+               "fingerprint": fp, **result}
+        self._append([self._rec("check", tx.tid, **rec)])
+        return result, staged
+
+    def _run(self, view: StagedView, command: str | list[str], options: dict[str, Any],
+             timeout_s: float, log_path: str | None, **kw: Any) -> RunResult:
+        extra: dict[str, Any] = {}
+        if options.get("sandbox"):
+            extra["sandbox"] = True
+            extra["network"] = bool(options.get("network"))
+        if options.get("limits"):
+            from ..isolation import Limits  # type: ignore[attr-defined]
+
+            extra["limits"] = Limits(**options["limits"])
+        return view.run(command, timeout_s=timeout_s, log_path=log_path, **extra, **kw)
+
+    def checks_to_run(self, tx: Tx) -> list[dict[str, Any]]:
+        """The checks whose latest run saw other staged content than the transaction has now."""
+        fp = fingerprint(tx)
+        return [rec for rec in tx.checks.values() if rec["fingerprint"] != fp]
+
+    def run_stale_checks(self, tid: str) -> tuple[bool, str | None, dict[str, Any] | None]:
+        """At commit: run again the checks whose staged content changed; then every check's
+        latest run must have passed. Returns (ok, reason, failing check's result)."""
+        tx = self.txs[tid]
+        for rec in self.checks_to_run(tx):
+            opts = rec["options"]
+            select = _glob_matcher(opts["promote"]) if opts.get("promote") else None
+            self._run_check(self.txs[tid], rec["command"], opts,
+                            _timeout_s(opts.get("timeout_ms")), select)
+        for rec in self.txs[tid].checks.values():
+            if not rec["passed"]:
+                what = "timed out" if rec.get("timed_out") else f"exited {rec['exit_code']}"
+                return False, f"the check {rec['command']!r} {what} (log: {rec['log']})", rec
+        return True, None, None
+
+    # -- exec --------------------------------------------------------------------------------
+
+    def exec_cmd(self, tid: str, argv: list[str], timeout_ms: int | None = None,
+                 interactive: bool = True, stdout_fd: int | None = None,
+                 tier: str | None = None) -> dict[str, Any]:
+        """Run ``argv`` in the staged view and stage everything it changed. A command that
+        fails (or times out) stages nothing and raises TransactionAborted with code
+        ``command_failed`` (``timeout``); the transaction stays active."""
+        command = _command(argv)
+        timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
+        tx = self._snapshot(tid)
+        view = self._view(tx, tier)
+        try:
+            log = None if interactive else self._log_path(tid, "exec")
+            res = view.run(command, timeout_s=timeout_s, interactive=interactive,
+                           stdout_fd=stdout_fd if interactive else None, log_path=log)
+            result = _result_json(res)
+            if not res.passed:
+                code = "timeout" if res.timed_out else "command_failed"
+                raise CheckFailed(
+                    f"{command!r} {'timed out' if res.timed_out else 'failed'} "
+                    f"(exit {res.exit_code}); nothing was staged and the transaction stays "
+                    "active", code=code, tid=tid, result={"tid": tid, **result, "captured": []})
+            captured, skipped = self._stage_capture_all(tid, view)
+        finally:
+            view.close()
+        return {**result, "captured": captured, "skipped": skipped}
+
+    def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None
+                 ) -> dict[str, Any]:
+        """Run a command in the staged view to look around: output returned, nothing
+        captured, no check recorded."""
+        command = _command(command)
+        tx = self._snapshot(tid)
+        view = self._view(tx)
+        try:
+            res = view.run(command, timeout_s=_timeout_s(timeout_ms),
+                           log_path=self._log_path(tid, "look"), tail_bytes=64 * 1024)
+        finally:
+            view.close()
+        return _result_json(res)
+
+    # -- staging what a run changed ------------------------------------------------------------
+
+    def _stage_capture(self, tid: str, view: StagedView, select: Callable[[str], bool] | None,
+                       via: str) -> list[str]:
+        return [c["path"] for c in self._stage_changes(tid, view, select, via)[0]]
+
+    def _stage_capture_all(self, tid: str, view: StagedView
+                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return self._stage_changes(tid, view, None, "exec")
+
+    def _stage_changes(self, tid: str, view: StagedView, select: Callable[[str], bool] | None,
+                       via: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Stage the writes and deletes a run made, in one append (all or nothing).
+        Symlinks and empty directories are reported as skipped: the file participant stages
+        regular files only, for now."""
+        cap = view.capture(select)
+        skipped = [dict(s) for s in cap.skipped]
+        staged: list[dict[str, Any]] = []
+        pending: list[Pending] = []
+        with self.active(tid) as tx:
+            records = []
+            try:
+                for c in cap.changes:
+                    if c.op in ("symlink", "mkdir"):
+                        skipped.append({"path": c.path, "kind": c.op,
+                                        "reason": "symlinks and empty directories cannot be "
+                                                  "staged yet"})
+                        continue
+                    rel = resolve(self.root, c.path)
+                    pre = self._pre(tx, rel)
+                    if c.op == "delete":
+                        records.append(self._stage_rec(tid, rel, "delete", via, None, 0, None,
+                                                       pre))
+                    else:
+                        assert c.source is not None
+                        self._check_placeable(tx, rel)
+                        fd = os.open(c.source, os.O_RDONLY | os.O_CLOEXEC)
+                        try:
+                            blob = self.blobs.put_fd(fd)
+                        finally:
+                            os.close(fd)
+                        pending.append(blob)
+                        records.append(self._stage_rec(tid, rel, "write", via, blob.digest,
+                                                       blob.size, c.mode, pre))
+                    staged.append(c.to_json())
+            except BaseException:
+                for p in pending:
+                    p.discard()
+                raise
+            if records:
+                self._append_staged(records, pending)
+        return staged, skipped
+
+
+def _result_json(res: RunResult) -> dict[str, Any]:
+    out = res.to_json()
+    for key in ("sandbox", "tripped"):
+        value = getattr(res, key, None)
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def stage_vm_unavailable() -> Agent2PCError:
+    """What ``stage-vm`` answers: microVMs need KVM and a VM monitor; say what is missing."""
+    from shutil import which
+
+    from ..errors import IsolationUnavailable
+
+    missing = []
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        missing.append("/dev/kvm (KVM) is not available to this user")
+    monitors = [m for m in ("firecracker", "cloud-hypervisor", "qemu-system-x86_64",
+                            "qemu-system-aarch64") if which(m)]
+    if not monitors:
+        missing.append("no VM monitor is installed (firecracker, cloud-hypervisor or qemu)")
+    if missing:
+        why = "; ".join(missing)
+    else:
+        why = (f"KVM and {monitors[0]} are here, but agent-2pc does not run steps in microVMs "
+               "yet")
+    return IsolationUnavailable(f"stage-vm cannot run on this host: {why}. Use stage-cmd "
+                                "--sandbox for confinement.", missing=missing)

@@ -1,0 +1,222 @@
+"""Verification in the staged view: checks bound to the exact staged content, and exec that
+stages what a command changed. The real tree is byte-for-byte unchanged throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from crashkit import snapshot
+
+from agent_2pc import Agent2PC, TransactionAborted
+from agent_2pc.errors import CheckFailed
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def repo(tmp_path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=root, check=True)
+    (root / "calc.py").write_text("def add(a, b):\n    return a + b\n")
+    (root / "test_calc.py").write_text(
+        "from calc import add\nassert add(2, 3) == 5, 'add is broken'\nprint('ok')\n")
+    (root / "old.txt").write_text("to delete\n")
+    Agent2PC.init(root)
+    return root
+
+
+def cli(root: Path, *args: str, stdin: str | None = None) -> tuple[int, dict, str]:
+    # --json goes first: after "--", everything belongs to the command being run.
+    proc = subprocess.run([sys.executable, "-m", "agent_2pc", "--json", "--root", str(root),
+                           *args], input=stdin, capture_output=True, text=True, timeout=120)
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+CHECK = "python3 test_calc.py"
+
+
+def test_a_failing_check_keeps_the_transaction_active_and_aborts_the_commit(repo):
+    before = snapshot(repo)
+    tx = Agent2PC(repo).begin()
+    tx.stage_replace("calc.py", "a + b", "a - b")
+    with pytest.raises(CheckFailed) as info:
+        tx.stage_cmd(CHECK)
+    assert info.value.code == "verification_failed"
+    assert info.value.details["result"]["exit_code"] == 1
+    assert "add is broken" in Path(info.value.details["result"]["log"]).read_text()
+    assert tx.state() == "active" and snapshot(repo) == before
+    with pytest.raises(TransactionAborted) as aborted:
+        tx.commit()
+    assert aborted.value.code == "verification_failed"
+    assert snapshot(repo) == before
+
+
+def test_a_fixed_change_passes_the_check_again_and_commits(repo):
+    tx = Agent2PC(repo).begin()
+    tx.stage_replace("calc.py", "a + b", "a - b")
+    with pytest.raises(CheckFailed):
+        tx.stage_cmd(CHECK)
+    tx.stage_replace("calc.py", "a - b", "b + a")
+    assert tx.stage_cmd(CHECK)["passed"]
+    assert tx.commit()["state"] == "committed"
+    assert "b + a" in (repo / "calc.py").read_text()
+
+
+def test_a_check_runs_again_at_commit_when_the_staged_content_changed(repo, tmp_path):
+    runs = tmp_path / "runs.log"  # outside the repo: not captured, a plain probe
+    check = f"echo run >> {runs}; python3 test_calc.py"
+    tx = Agent2PC(repo).begin()
+    tx.stage_write("notes.txt", "one\n")
+    tx.stage_cmd(check)
+    assert runs.read_text().count("run") == 1
+    tx.stage_replace("calc.py", "a + b", "a * b")  # breaks add(2, 3) == 5
+    with pytest.raises(TransactionAborted) as info:
+        tx.commit()
+    assert info.value.code == "verification_failed"
+    assert runs.read_text().count("run") == 2
+    assert "a + b" in (repo / "calc.py").read_text() and not (repo / "notes.txt").exists()
+
+
+def test_an_unchanged_check_is_not_run_again_at_commit(repo, tmp_path):
+    runs = tmp_path / "runs.log"
+    tx = Agent2PC(repo).begin()
+    tx.stage_write("notes.txt", "one\n")
+    tx.stage_cmd(f"echo run >> {runs}; {CHECK}")
+    tx.commit()
+    assert runs.read_text().count("run") == 1
+
+
+def test_the_check_sees_the_staged_view_and_the_tree_never_changes(repo):
+    before = snapshot(repo)
+    tx = Agent2PC(repo).begin()
+    tx.stage_write("calc.py", "def add(a, b):\n    return 5\n")
+    tx.stage_delete("old.txt")
+    out = tx.stage_cmd("grep -q 'return 5' calc.py && test ! -e old.txt && touch junk.txt")
+    assert out["passed"] and out["isolation"] in ("overlay", "fuse-overlayfs", "copy")
+    assert snapshot(repo) == before  # junk.txt was thrown away, nothing else moved
+    assert [f["path"] for f in tx.status()["files"]] == ["calc.py", "old.txt"]
+
+
+def test_promoted_outputs_of_a_check_become_staged_writes(repo):
+    tx = Agent2PC(repo).begin()
+    out = tx.stage_cmd("echo locked > deps.lock; echo scratch > build.tmp", promote=["*.lock"])
+    assert out["promoted"] == ["deps.lock"]
+    assert [f["path"] for f in tx.status()["files"]] == ["deps.lock"]
+    tx.commit()
+    assert (repo / "deps.lock").read_text() == "locked\n" and not (repo / "build.tmp").exists()
+
+
+def test_a_check_that_hangs_is_killed_and_reported_as_a_timeout(repo):
+    tx = Agent2PC(repo).begin()
+    t0 = time.monotonic()
+    with pytest.raises(CheckFailed) as info:
+        tx.stage_cmd("sleep 30", timeout_ms=500)
+    assert info.value.code == "timeout" and time.monotonic() - t0 < 10
+    assert info.value.details["result"]["timed_out"] is True
+
+
+def test_exec_stages_what_the_command_created_modified_and_deleted(repo):
+    before = snapshot(repo)
+    tx = Agent2PC(repo).begin()
+    out = tx.exec(["sh", "-c", "echo new > made.txt && sed -i s/a+b/x/ calc.py && "
+                   "echo 'def add(a, b): return 0' > calc.py && rm old.txt && "
+                   "mkdir -p pkg && echo 1 > pkg/m.py && chmod 755 pkg/m.py"])
+    assert snapshot(repo) == before
+    captured = {c["path"]: c["op"] for c in out["captured"]}
+    assert captured == {"made.txt": "write", "calc.py": "write", "old.txt": "delete",
+                        "pkg/m.py": "write"}
+    tx.commit()
+    assert (repo / "made.txt").read_text() == "new\n"
+    assert not (repo / "old.txt").exists()
+    assert os.stat(repo / "pkg" / "m.py").st_mode & 0o777 == 0o755
+
+
+def test_a_failing_exec_stages_nothing_and_keeps_the_transaction(repo):
+    tx = Agent2PC(repo).begin()
+    with pytest.raises(CheckFailed) as info:
+        tx.exec(["sh", "-c", "echo partial > made.txt; exit 3"])
+    assert info.value.code == "command_failed"
+    assert tx.status()["files"] == [] and tx.state() == "active"
+
+
+def test_exec_json_keeps_stdout_for_the_json_alone(repo):
+    _, begun, _ = cli(repo, "begin")
+    status, out, err = cli(repo, "exec", "--tid", begun["tid"], "--", "sh", "-c",
+                           "echo chatter; echo x > f.txt")
+    assert status == 0 and out["ok"] and out["captured"] == [
+        {"path": "f.txt", "op": "write", "mode": 0o644, "bytes": 2}]
+    assert "chatter" in err
+
+
+def test_a_long_running_shell_session_is_captured_through_a_pty(repo):
+    tid = Agent2PC(repo).begin().tid
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: agent-2pc exec -- sh, on a terminal
+        # bash: a shell in the view's private pid namespace has no job control (dash refuses
+        # to start without it unless given +m; bash carries on).
+        os.execv(sys.executable, [sys.executable, "-m", "agent_2pc", "--root", str(repo),
+                                  "exec", "--tid", tid, "--", "bash", "--norc", "-i"])
+    transcript = b""
+
+    def until(token: bytes, deadline_s: float = 30) -> None:
+        nonlocal transcript
+        end = time.monotonic() + deadline_s
+        while token not in transcript:
+            assert time.monotonic() < end, transcript
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    transcript += os.read(fd, 4096)
+                except OSError:  # the child is gone
+                    break
+        assert token in transcript, transcript
+
+    os.write(fd, b"test -t 0 && echo IS-A-$((1+1))-TTY\n")  # differs from its own echo
+    until(b"IS-A-2-TTY")
+    os.write(fd, b"echo typed > session.txt; rm old.txt; exit\n")
+    until(b"staged 2 changes")
+    os.waitpid(pid, 0)
+    os.close(fd)
+    status = Agent2PC(repo).get(tid).status()
+    assert {f["path"]: f["op"] for f in status["files"]} == {"session.txt": "write",
+                                                             "old.txt": "delete"}
+    assert (repo / "old.txt").exists()  # nothing reached the tree yet
+
+
+def test_a_batch_whose_test_fails_never_writes_its_file(repo):
+    before = snapshot(repo)
+    manifest = {"steps": [
+        {"type": "fs_write", "path": "calc.py", "content": "def add(a, b):\n    return 0\n"},
+        {"type": "command", "command": CHECK}]}
+    status, out, _ = cli(repo, "run-batch", "--file", "-", stdin=json.dumps(manifest))
+    assert status == 1 and out["error"]["code"] == "verification_failed"
+    assert out["state"] == "aborted" and snapshot(repo) == before
+    manifest["steps"][0]["content"] = "def add(a, b):\n    return b + a\n"
+    status, out, _ = cli(repo, "run-batch", "--file", "-", stdin=json.dumps(manifest))
+    assert status == 0 and out["state"] == "committed"
+
+
+def test_stage_vm_says_what_the_host_lacks(repo):
+    _, begun, _ = cli(repo, "begin")
+    status, out, _ = cli(repo, "stage-vm", "--tid", begun["tid"])
+    assert status == 2 and out["error"]["code"] == "isolation_unavailable"
+    assert "VM monitor" in out["error"]["message"] or "KVM" in out["error"]["message"]
+
+
+def test_no_view_scratch_outlives_a_run(repo):
+    tx = Agent2PC(repo).begin()
+    tx.stage_cmd("true")
+    tx.exec(["true"])
+    scratch = repo / ".agent-tx" / "tx" / tx.tid
+    leftovers = [p.name for p in scratch.iterdir() if p.name != "logs"]
+    assert leftovers == []
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(repo) not in mounts

@@ -4,7 +4,8 @@ It runs the real CLI, as an agent would, and prints each command with its output
   1. a multi-file change staged and shown as a diff, with the tree untouched;
   2. that change committed atomically;
   3. a change aborted because another writer edited the file meanwhile (no lost update);
-  4. a commit killed half-way through, and ``recover`` finishing it.
+  4. a change aborted because the project's test fails in the staged view;
+  5. a commit killed half-way through, and ``recover`` finishing it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ TEST = '''from calc import add
 
 
 def test_add():
-    assert add(2, 3) == 5
+    assert add(2, 3) == 5, "add(2, 3) should be 5"
+
+
+if __name__ == "__main__":
+    test_add()
 '''
 PATCH = '''--- a/calc.py
 +++ b/calc.py
@@ -143,7 +148,20 @@ def main(keep: bool = False) -> int:
                   if kept else "  -> unexpected tree content"))
         _git(repo, "checkout", "-q", "calc.py")
 
-        t.step(4, "A crash in the middle of a commit, finished by recover")
+        t.step(4, "A failing test: the check runs in the staged view and the commit aborts")
+        tid = t.run("begin", "--label", "optimize add").stdout.strip()
+        t.run("stage-replace", "--tid", tid, "--path", "calc.py", "--old", "return a + b",
+              "--new", "return a - b")
+        proc = t.run("stage-cmd", "--tid", tid, "--command", "python3 test_calc.py")
+        t.say(t.c(DIM, f"  (exit {proc.returncode}: the test ran against the staged calc.py, "
+                  "not the tree's)"))
+        proc = t.run("commit", "--tid", tid)
+        ok = proc.returncode == 1 and "return a + b" in t.read("calc.py")
+        t.say(t.c(GREEN if ok else RED, "  -> exit 1; the broken change never reached the tree"
+                  if ok else "  -> unexpected result"))
+        t.sh("git status --short   # still clean")
+
+        t.step(5, "A crash in the middle of a commit, finished by recover")
         tid = t.run("begin", "--label", "version bump").stdout.strip()
         for name in ("calc.py", "test_calc.py", "README.md"):
             t.run("stage-write", "--tid", tid, "--path", name, "--content",

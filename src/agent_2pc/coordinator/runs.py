@@ -146,9 +146,9 @@ class Runs:
         if not result["passed"]:
             code = "timeout" if result.get("timed_out") else "verification_failed"
             raise CheckFailed(
-                f"the check {command!r} failed (exit {result['exit_code']}); the transaction "
-                "stays active: fix and run it again, or abort", code=code, tid=tid,
-                result={"tid": tid, **out})
+                f"the check {command!r} failed (exit {result['exit_code']}){_last_lines(out)}; "
+                "the transaction stays active: fix and run it again, or abort", code=code,
+                tid=tid, result={"tid": tid, **out})
         return out
 
     def _run_check(self, tx: Tx, command: str | list[str], options: dict[str, Any],
@@ -296,6 +296,11 @@ class Runs:
             if records:
                 self._append_staged(records, pending)
         return staged, skipped
+
+
+def _last_lines(result: dict[str, Any], n: int = 3) -> str:
+    lines = [ln.strip() for ln in (result.get("tail") or "").splitlines() if ln.strip()][-n:]
+    return (": " + " | ".join(lines)) if lines else ""
 
 
 def _result_json(res: RunResult) -> dict[str, Any]:

@@ -133,8 +133,8 @@ class Engine(Staging, Runs):
         if batch.reset:
             self.txs = {}
         try:
-            for rec in batch.records:
-                apply_record(self.txs, rec)
+            for rec, frame in zip(batch.records, batch.frames, strict=True):
+                apply_record(self.txs, rec, frame)
         except IllegalTransition as exc:
             raise CorruptWal(f"{self.layout.wal}: {exc}", path=self.layout.wal,
                              tid=exc.tid) from None
@@ -376,7 +376,7 @@ class Engine(Staging, Runs):
     def _finish_abort(self, tx: Tx) -> None:
         """Undo what may have happened remotely, drop the scratch, write the end record."""
         left: list[int] = []
-        if tx.effects and any(r["type"] == "prepare" for r in tx.records):
+        if tx.effects and tx.prepared:
             left = self.api.compensate(tx, self._recorder(tx.tid))
         discard(self.layout.tx_dir(tx.tid), self.layout.trash)
         self._append([self._end(tx.tid, ABORTED, uncompensated=left)])
@@ -517,10 +517,9 @@ class Engine(Staging, Runs):
                 finished = [tx for tx in self.txs.values() if tx.state in FINISHED]
                 history.append(self.layout.history, [summary(tx) for tx in finished])
                 crashpoints.hit("compact.after_history")
-                live = [rec for tx in self.txs.values() if tx.state not in FINISHED
-                        for rec in tx.records]
-                after = self.log.replace(live)
-                self._refresh()
+                live = {tid: tx for tid, tx in self.txs.items() if tx.state not in FINISHED}
+                after = self.log.replace([f for tx in live.values() for f in tx.frames])
+                self.txs = live  # the new log is exactly these: nothing to read back
             finally:
                 self.log.lock.release()
         out: dict[str, Any] = {"before_bytes": before, "after_bytes": after}

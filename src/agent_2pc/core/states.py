@@ -101,8 +101,8 @@ class Tx:
 
     __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
                  "effects", "results", "checks", "savepoints", "outcome", "code", "reason",
-                 "decision_fields", "files",
-                 "diverged", "uncompensated", "ended_ms", "records")
+                 "decision_fields", "prepared", "files",
+                 "diverged", "uncompensated", "ended_ms", "frames")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
                  timeout_ms: int | None, boot: str | None) -> None:
@@ -123,11 +123,12 @@ class Tx:
         self.code: str | None = None
         self.reason: str | None = None
         self.decision_fields: dict[str, Any] = {}  # the decision record (modes for a redo)
+        self.prepared = False  # a prepare record was written (remote calls may have run)
         self.files: list[str] = []
         self.diverged: list[str] = []
         self.uncompensated: list[int] = []  # calls that may have happened and were not undone
         self.ended_ms: int | None = None
-        self.records: list[dict[str, Any]] = []
+        self.frames: list[bytes | memoryview] = []  # its records' frames (for compaction)
 
     @property
     def deadline_ms(self) -> int | None:
@@ -161,15 +162,16 @@ class Tx:
         }
 
 
-def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
-    """Fold one record into ``txs``; return the transaction it touched."""
+def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryview = b"") -> Tx:
+    """Fold one record into ``txs``; return the transaction it touched. ``frame`` is the
+    record's bytes on disk, kept with the transaction so compaction can copy them."""
     tid = rec["tid"]
-    kind = record_kind(rec)
-    tx = txs.get(tid)
-    after = TRANSITIONS.get((kind, tx.state if tx else None))
-    if after is None:
-        raise IllegalTransition(tid, kind, tx.state if tx else None)
     t = rec["type"]
+    kind = t if t != "decision" and t != "end" else record_kind(rec)
+    tx = txs.get(tid)
+    after = TRANSITIONS.get((kind, tx.state if tx is not None else None))
+    if after is None:
+        raise IllegalTransition(tid, kind, tx.state if tx is not None else None)
     if t == "begin":
         tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
                 timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))
@@ -178,9 +180,9 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
         assert tx is not None
         tx.state = after
         if t == "stage":
-            tx.ops.append(Op(path=rec["path"], op=rec["op"], via=rec.get("via", rec["op"]),
-                             blob=rec.get("blob"), size=rec.get("size", 0),
-                             mode=rec.get("mode"), pre=rec.get("pre")))
+            get = rec.get
+            tx.ops.append(Op(rec["path"], rec["op"], get("via") or rec["op"], get("blob"),
+                             get("size", 0), get("mode"), get("pre")))
         elif t == "read":
             tx.reads.append((rec["path"], rec.get("sha256")))
         elif t == "effect":
@@ -205,6 +207,8 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
             del tx.reads[n_reads:]
             del tx.effects[n_effects:]
             del tx.savepoints[idx + 1:]
+        elif t == "prepare":
+            tx.prepared = True
         elif t == "decision":
             tx.outcome = rec["outcome"]
             tx.code = rec.get("code")
@@ -215,7 +219,7 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any]) -> Tx:
             tx.diverged = list(rec.get("diverged", ()))
             tx.uncompensated = list(rec.get("uncompensated", ()))
             tx.ended_ms = rec["ts"]
-    tx.records.append(rec)
+    tx.frames.append(frame)
     return tx
 
 

@@ -3,7 +3,7 @@
 Many processes share one log. Every append holds ``.agent-tx/lock``; before writing, the
 appender reads what others appended since it last looked, repairs a torn tail left by a killed
 writer (copy it aside to ``wal.bin.torn-<offset>``, cut it off, fsync), and re-opens the file
-when compaction replaced it (the inode under the lock is not the one it holds). Readers need
+when compaction replaced it (the file it holds has no name any more). Readers need
 no lock: they read complete frames and stop at a partial one; anything that looks damaged is
 looked at again under the lock before it is repaired (a torn tail) or reported (corruption,
 with its offset).
@@ -20,7 +20,7 @@ from _thread import RLock
 from .. import crashpoints
 from ..errors import CorruptWal
 from . import wal_format
-from .durable import fsync_fd, write_all
+from .durable import fsync_dir, fsync_fd, write_all
 from .locks import FileLock
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -29,11 +29,12 @@ if TYPE_CHECKING:
 
 
 class Batch:
-    __slots__ = ("reset", "records", "truncated_bytes")
+    __slots__ = ("reset", "records", "frames", "truncated_bytes")
 
     def __init__(self) -> None:
         self.reset = False
         self.records: list[dict[str, Any]] = []
+        self.frames: list[bytes | memoryview] = []  # the frame of each record, as on disk
         self.truncated_bytes = 0
 
 
@@ -43,7 +44,6 @@ class Log:
         self.lock = FileLock(lock_path)
         self._mutex = RLock()
         self._fd: int | None = None
-        self._ino = -1
         self._offset = 0  # end of the last complete frame this object has handed out
         self.truncated_bytes = 0  # bytes of torn tail this object cut off, in total
 
@@ -53,36 +53,35 @@ class Log:
         """What was appended since the last read or append (everything after a replacement)."""
         with self._mutex:
             batch = Batch()
-            self._reopen_if_replaced(batch)
-            self._read_tail(batch, locked=False)
+            self._read_tail(batch, self._size(batch), locked=False)
             return batch
 
-    def _reopen_if_replaced(self, batch: Batch) -> None:
-        try:
-            ino = os.stat(self.path).st_ino
-        except FileNotFoundError:
-            ino = -2
-        if ino == self._ino and self._fd is not None:
-            return
+    def _size(self, batch: Batch) -> int:
+        """The log's size, re-opening it first if compaction replaced it: the file we hold has
+        no name any more (one fstat, no path lookup: this runs before every step)."""
         if self._fd is not None:
+            st = os.fstat(self._fd)
+            if st.st_nlink > 0:
+                return st.st_size
             os.close(self._fd)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-        self._ino = os.fstat(self._fd).st_ino
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._offset = 0
         batch.reset = True
         batch.records.clear()
+        batch.frames.clear()
+        return os.fstat(self._fd).st_size
 
-    def _read_tail(self, batch: Batch, locked: bool) -> None:
+    def _read_tail(self, batch: Batch, size: int, locked: bool) -> None:
         assert self._fd is not None
-        size = os.fstat(self._fd).st_size
         if size == self._offset:
             return
-        if size < self._offset:  # only compaction shrinks the log, and it replaces the inode
+        if size < self._offset:  # only compaction shrinks the log, and it replaces the file
             raise CorruptWal(f"{self.path} shrank below offset {self._offset} (size {size})",
                              path=self.path, offset=size)
         buf = os.pread(self._fd, size - self._offset, self._offset)
         decoded = wal_format.decode(buf)
         batch.records.extend(decoded.records)
+        batch.frames.extend(decoded.frames)
         start = self._offset
         self._offset += decoded.end
         if decoded.damage is None:
@@ -91,7 +90,7 @@ class Log:
         if not locked:
             # A concurrent append may still be in flight: look again holding the lock.
             with self.lock:
-                self._read_tail(batch, locked=True)
+                self._read_tail(batch, self._size(batch), locked=True)
             return
         if not decoded.damage.torn:
             raise CorruptWal(
@@ -121,11 +120,11 @@ class Log:
 
     def append(self, records: list[dict[str, Any]], *, sync: bool) -> Batch:
         """Append ``records`` as one write (one fsync if ``sync``); return what is new."""
-        frames = b"".join(wal_format.encode(r) for r in records)
+        encoded = [wal_format.encode(r) for r in records]
+        frames = b"".join(encoded)
         with self._mutex, self.lock:
             batch = Batch()
-            self._reopen_if_replaced(batch)
-            self._read_tail(batch, locked=True)
+            self._read_tail(batch, self._size(batch), locked=True)
             assert self._fd is not None
             fd = self._fd
             crashpoints.hit("wal.torn_append",
@@ -135,33 +134,31 @@ class Log:
                 fsync_fd(self._fd)
             self._offset += len(frames)
             batch.records.extend(records)
+            batch.frames.extend(encoded)
             return batch
 
-    def replace(self, records: list[dict[str, Any]]) -> int:
-        """Atomically replace the log with ``records`` (compaction); the caller holds the lock.
-
-        Returns the new size in bytes.
-        """
+    def replace(self, frames: list[bytes | memoryview]) -> int:
+        """Atomically replace the log with ``frames`` (compaction: the live transactions'
+        frames, copied as they were); the caller holds the lock. Returns the new size. The
+        caller's view of the log is these frames: nothing is read back."""
         assert self.lock.held
-        frames = b"".join(wal_format.encode(r) for r in records)
+        data = b"".join(frames)
         tmp = self.path + ".compact"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            write_all(fd, frames)
+            write_all(fd, data)
             fsync_fd(fd)
         finally:
             os.close(fd)
         crashpoints.hit("compact.before_rename")
         os.rename(tmp, self.path)
-        from .durable import fsync_dir
-
         fsync_dir(os.path.dirname(self.path))
         with self._mutex:
             if self._fd is not None:
                 os.close(self._fd)
-            self._fd = None
-            self._ino = -1
-        return len(frames)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            self._offset = len(data)
+        return len(data)
 
     def size(self) -> int:
         try:
@@ -174,4 +171,3 @@ class Log:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
-                self._ino = -1

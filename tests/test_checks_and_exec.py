@@ -220,3 +220,50 @@ def test_no_view_scratch_outlives_a_run(repo):
     assert leftovers == []
     mounts = Path("/proc/self/mountinfo").read_text()
     assert str(repo) not in mounts
+
+
+WASM_WRITER = """(module
+  (import "wasi_snapshot_preview1" "path_open"
+    (func $open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write"
+    (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 100) "out.txt")
+  (data (i32.const 200) "written by wasm\\n")
+  (func (export "_start")
+    (drop (call $open (i32.const 3) (i32.const 0) (i32.const 100) (i32.const 7) (i32.const 9)
+                      (i64.const 0x1FFFFFFF) (i64.const 0x1FFFFFFF) (i32.const 0) (i32.const 300)))
+    (i32.store (i32.const 400) (i32.const 200))
+    (i32.store (i32.const 404) (i32.const 16))
+    (drop (call $write (i32.load (i32.const 300)) (i32.const 400) (i32.const 1) (i32.const 500)))))
+"""
+WASM_LOOP = """(module (memory (export "memory") 1)
+  (func (export "_start") (loop $l (br $l))))"""
+
+
+def _wasm(tmp_path: Path, wat: str) -> str:
+    import wasmtime
+
+    path = tmp_path / "m.wasm"
+    path.write_bytes(wasmtime.wat2wasm(wat))
+    return str(path)
+
+
+def test_stage_wasm_stages_what_the_module_wrote(repo, tmp_path):
+    module = _wasm(tmp_path, WASM_WRITER)
+    _, begun, _ = cli(repo, "begin")
+    status, out, _ = cli(repo, "stage-wasm", "--tid", begun["tid"], "--module", module,
+                         "--fuel", "100000")
+    assert status == 0 and [c["path"] for c in out["captured"]] == ["out.txt"]
+    assert not (repo / "out.txt").exists()
+    cli(repo, "commit", "--tid", begun["tid"])
+    assert (repo / "out.txt").read_text() == "written by wasm\n"
+
+
+def test_a_wasm_module_that_runs_out_of_fuel_trips_and_stages_nothing(repo, tmp_path):
+    module = _wasm(tmp_path, WASM_LOOP)
+    _, begun, _ = cli(repo, "begin")
+    status, out, _ = cli(repo, "stage-wasm", "--tid", begun["tid"], "--module", module,
+                         "--fuel", "10000")
+    assert status == 1 and out["error"]["code"] == "limit_exceeded"
+    assert out["tripped"] == "fuel" and out["captured"] == []

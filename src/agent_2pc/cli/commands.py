@@ -156,10 +156,23 @@ def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
     out = ctx.client().engine.exec_cmd(args["tid"], args["argv"], timeout_ms=args["timeout_ms"],
                                        interactive=True, stdout_fd=2 if ctx.json else None)
     if ctx.json:
-        return out  # type: ignore[no-any-return]
+        return out
     import sys
 
     sys.stderr.write(text_exec(out) + "\n")  # stdout belonged to the command
+    return None
+
+
+def run_stage_wasm(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
+    out = ctx.client().engine.stage_wasm(
+        args["tid"], args["module"], args["argv"], fuel=args["fuel"],
+        max_memory_mb=args["max_memory_mb"], timeout_ms=args["timeout_ms"], interactive=True,
+        stdout_fd=2 if ctx.json else None)
+    if ctx.json:
+        return out
+    import sys
+
+    sys.stderr.write(text_exec(out) + "\n")
     return None
 
 
@@ -374,6 +387,15 @@ COMMANDS: tuple[Command, ...] = (
             "changes", run_exec, (
                 TID, Opt("--timeout-ms", type=int_arg, metavar="N",
                          help="kill it after N ms (default: none)")), takes_rest=True),
+    Command("stage-wasm", "run a WASI module in the staged view and stage what it writes",
+            run_stage_wasm, (
+                TID, Opt("--module", required=True, metavar="M.wasm",
+                         help="the module (a path in the staged view, or outside the repo)"),
+                Opt("--fuel", type=int_arg, metavar="N", help="an instruction budget"),
+                Opt("--max-memory-mb", type=int_arg, metavar="N",
+                    help="the most linear memory the module may grow to"),
+                Opt("--timeout-ms", type=int_arg, metavar="N", help="a wall-time budget")),
+            takes_rest=True),
     Command("stage-vm", "run a step in a microVM (needs KVM and a VM monitor)", run_stage_vm,
             (TID,), takes_rest=True),
     Command("diff", "show what the transaction would change", run_diff, (

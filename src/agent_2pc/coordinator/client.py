@@ -154,6 +154,12 @@ class Transaction:
         A failing command stages nothing and raises CheckFailed (``command_failed``)."""
         return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive)
 
+    def stage_wasm(self, module: str, args: list[str] | None = None, fuel: int | None = None,
+                   max_memory_mb: int | None = None, timeout_ms: int | None = None
+                   ) -> dict[str, Any]:
+        """Run a WASI module (wasmtime) in the staged view and stage what it wrote."""
+        return self._engine.stage_wasm(self.tid, module, args, fuel, max_memory_mb, timeout_ms)
+
     def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None
                      ) -> dict[str, Any]:
         """Run a command in the staged view just to look: its output, nothing captured."""

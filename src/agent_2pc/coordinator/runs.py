@@ -230,6 +230,37 @@ class Runs:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
 
+    def stage_wasm(self, tid: str, module: str, args: list[str] | None = None,
+                   fuel: int | None = None, max_memory_mb: int | None = None,
+                   timeout_ms: int | None = None, interactive: bool = False,
+                   stdout_fd: int | None = None) -> dict[str, Any]:
+        """Run a WASI module in the staged view (wasmtime; the view's root preopened at /) and
+        stage what it wrote, as exec does. A budget that runs out (``tripped``: fuel,
+        max_memory_mb, timeout_ms) or a failing module stages nothing and raises CheckFailed
+        (``limit_exceeded``, ``timeout``, ``command_failed``)."""
+        from ..isolation.wasi import run_wasm
+
+        timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
+        tx = self._snapshot(tid)
+        view = self._view(tx)
+        try:
+            res = run_wasm(view, module, list(args or []), fuel=fuel,
+                           max_memory_mb=max_memory_mb, timeout_s=timeout_s,
+                           interactive=interactive, stdout_fd=stdout_fd if interactive else None,
+                           log_path=None if interactive else self._log_path(tid, "wasm"))
+            result = res.to_json()
+            if not res.passed:
+                code = ("limit_exceeded" if res.tripped in ("fuel", "max_memory_mb") else
+                        "timeout" if res.timed_out else "command_failed")
+                raise CheckFailed(f"the module {module!r} did not finish cleanly "
+                                  f"({res.outcome}: {res.message or res.exit_code}); nothing "
+                                  "was staged and the transaction stays active", code=code,
+                                  tid=tid, result={"tid": tid, **result, "captured": []})
+            captured, skipped = self._stage_capture_all(tid, view)
+        finally:
+            view.close()
+        return {**result, "captured": captured, "skipped": skipped}
+
     def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None
                  ) -> dict[str, Any]:
         """Run a command in the staged view to look around: output returned, nothing

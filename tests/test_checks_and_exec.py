@@ -267,3 +267,51 @@ def test_a_wasm_module_that_runs_out_of_fuel_trips_and_stages_nothing(repo, tmp_
                          "--fuel", "10000")
     assert status == 1 and out["error"]["code"] == "limit_exceeded"
     assert out["tripped"] == "fuel" and out["captured"] == []
+
+
+def test_a_sandboxed_check_has_no_network_unless_asked(repo):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    probe = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), "
+             "timeout=2)\"")
+    try:
+        _, begun, _ = cli(repo, "begin")
+        status, out, _ = cli(repo, "stage-cmd", "--tid", begun["tid"], "--command", probe,
+                             "--sandbox")
+        assert status == 1 and out["error"]["code"] == "verification_failed"
+        assert out["sandbox"]["network"] is False and out["sandbox"]["readonly_host"] is True
+        status, out, _ = cli(repo, "stage-cmd", "--tid", begun["tid"], "--command", probe,
+                             "--sandbox", "--network")
+        assert status == 0 and out["passed"]
+    finally:
+        listener.close()
+
+
+def test_a_fork_bomb_trips_max_procs_and_the_tree_is_untouched(repo):
+    before = snapshot(repo)
+    _, begun, _ = cli(repo, "begin")
+    bomb = "bomb() { bomb | bomb & }; bomb; sleep 20"
+    status, out, _ = cli(repo, "stage-governed", "--tid", begun["tid"], "--command", bomb,
+                         "--max-procs", "40", "--max-runtime-ms", "15000")
+    assert status == 1 and out["error"]["code"] == "limit_exceeded"
+    assert out["tripped"] == "max_procs" and snapshot(repo) == before
+
+
+def test_a_memory_hog_trips_max_memory_mb(repo):
+    _, begun, _ = cli(repo, "begin")
+    hog = "python3 -c \"x = bytearray(400 * 1024 * 1024); import time; time.sleep(5)\""
+    status, out, _ = cli(repo, "stage-governed", "--tid", begun["tid"], "--command", hog,
+                         "--max-memory-mb", "100")
+    assert status == 1 and out["error"]["code"] == "limit_exceeded"
+    assert out["tripped"] == "max_memory_mb"
+
+
+def test_a_plain_timeout_is_reported_as_tripped_timeout(repo):
+    _, begun, _ = cli(repo, "begin")
+    status, out, _ = cli(repo, "stage-cmd", "--tid", begun["tid"], "--command", "sleep 30",
+                         "--timeout-ms", "300")
+    assert status == 1 and out["error"]["code"] == "timeout" and out["tripped"] == "timeout_ms"

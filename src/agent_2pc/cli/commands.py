@@ -18,12 +18,13 @@ if TYPE_CHECKING:
 
 TID = Opt("--tid", required=True, metavar="TID", help="the transaction id")
 LIMIT_NAMES = ("max_runtime_ms", "max_cpu_ms", "max_procs", "max_memory_mb",
-               "max_files_written", "max_forks_per_s", "max_deletes_per_s")
+               "max_files_written", "max_forks_per_s", "max_deletes_per_s", "max_disk_mb")
 LIMIT_HELP = {"max_runtime_ms": "wall time (ms)", "max_cpu_ms": "CPU time (ms)",
               "max_procs": "number of processes", "max_memory_mb": "memory (MiB)",
               "max_files_written": "number of files written",
               "max_forks_per_s": "rate of process creation (per s)",
-              "max_deletes_per_s": "rate of deletions (per s)"}
+              "max_deletes_per_s": "rate of deletions (per s)",
+              "max_disk_mb": "disk space written (MiB, files and log)"}
 CMD_OPTS = (
     TID,
     Opt("--command", required=True, metavar="C", help="the command line (run by /bin/sh -c)"),

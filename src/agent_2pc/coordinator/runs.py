@@ -138,13 +138,17 @@ class Runs:
         select = _glob_matcher(promote) if promote else None
         if network and not sandbox:
             raise UsageError("--network only makes sense with --sandbox")
+        if limits:
+            from ..isolation import Limits
+
+            Limits(**limits)  # a bad limit is refused before anything runs
         options = {"timeout_ms": timeout_ms, "promote": promote, "sandbox": sandbox,
                    "network": network, "limits": limits or {}}
         tx = self._snapshot(tid)
         result, staged = self._run_check(tx, command, options, timeout_s, select)
         out = {**result, "promoted": staged}
         if not result["passed"]:
-            code = "timeout" if result.get("timed_out") else "verification_failed"
+            code = _failure_code(result, "verification_failed")
             raise CheckFailed(
                 f"the check {command!r} failed (exit {result['exit_code']}){_last_lines(out)}; "
                 "the transaction stays active: fix and run it again, or abort", code=code,
@@ -177,7 +181,7 @@ class Runs:
             extra["sandbox"] = True
             extra["network"] = bool(options.get("network"))
         if options.get("limits"):
-            from ..isolation import Limits  # type: ignore[attr-defined]
+            from ..isolation import Limits
 
             extra["limits"] = Limits(**options["limits"])
         return view.run(command, timeout_s=timeout_s, log_path=log_path, **extra, **kw)
@@ -220,7 +224,7 @@ class Runs:
                            stdout_fd=stdout_fd if interactive else None, log_path=log)
             result = _result_json(res)
             if not res.passed:
-                code = "timeout" if res.timed_out else "command_failed"
+                code = _failure_code(result, "command_failed")
                 raise CheckFailed(
                     f"{command!r} {'timed out' if res.timed_out else 'failed'} "
                     f"(exit {res.exit_code}); nothing was staged and the transaction stays "
@@ -336,11 +340,19 @@ def _last_lines(result: dict[str, Any], n: int = 3) -> str:
 
 def _result_json(res: RunResult) -> dict[str, Any]:
     out = res.to_json()
-    for key in ("sandbox", "tripped"):
-        value = getattr(res, key, None)
-        if value is not None:
-            out[key] = value
+    out.setdefault("tripped", None)  # the contract's field: the limit that stopped it, or null
     return out
+
+
+def _failure_code(result: dict[str, Any], otherwise: str) -> str:
+    """The error code of a run that did not pass: a plain timeout, a governor limit, or the
+    command's own failure."""
+    tripped = result.get("tripped")
+    if tripped == "timeout_ms" or (tripped is None and result.get("timed_out")):
+        return "timeout"
+    if tripped:
+        return "limit_exceeded"
+    return otherwise
 
 
 def stage_vm_unavailable() -> Agent2PCError:

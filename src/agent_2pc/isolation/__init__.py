@@ -13,11 +13,18 @@ Tiers (``TIERS``, best first): ``overlay`` (kernel overlayfs in a private mount 
 unavailable tier that was asked for raises ``agent_2pc.errors.IsolationUnavailable``; a bad
 argument ``UsageError``, ``PathOutsideRoot`` or ``NotFound``; a damaged blob
 ``agent_2pc.storage.blobs.BlobCorrupt``. docs/staged-view.md has the guarantees.
+
+A run may be confined and limited: ``view.run(cmd, sandbox=True, network=False)`` runs it
+under bubblewrap (``probe_sandbox()`` says whether the host can), ``view.run(cmd,
+limits=Limits(procs=64, memory_mb=512, ...))`` under the governor; ``RunResult.sandbox``,
+``.tripped`` and ``.governor`` say what confined it and which limit stopped it.
 """
 
 from ._capture import Capture, Change
+from ._governor import Limits
 from ._ignore import DEFAULT_IGNORE, Ignore
+from ._sandbox import probe_sandbox
 from ._view import COPY, ENV_TIER, FUSE, OVERLAY, TIERS, RunResult, StagedView, probe_tiers
 
 __all__ = ["COPY", "DEFAULT_IGNORE", "ENV_TIER", "FUSE", "OVERLAY", "TIERS", "Capture", "Change",
-           "Ignore", "RunResult", "StagedView", "probe_tiers"]
+           "Ignore", "Limits", "RunResult", "StagedView", "probe_sandbox", "probe_tiers"]

@@ -17,19 +17,21 @@ import time
 
 NS_REAP_S_MAX = 10.0
 
-# The helper: $1..$9 are fixed, then the command. It opens every directory it needs *before*
+# The helper: $1..$10 are fixed, then the command. It opens every directory it needs *before*
 # mounting over the root (the upper dir and .agent-tx/ live below it) and hands them to the
 # mounts as /proc/self/fd/N, so no path needs escaping in a mount option. Status lines go to
 # the status file: @ok once the view is ready (the command runs only after that), @exit N when
 # the command ended, or @fail WHY (and the mount's own message) when the view could not be made.
+# $10 non-empty: the command keeps the status file on fd 3 (the governor's and the sandbox's
+# wrappers report on it, and the last of them closes it before the command proper starts).
 # The kernel overlay is mounted ``uuid=off,volatile`` where the kernel knows these options (it
 # is tried without them otherwise): uuid=on (the default since Linux 6.6) writes an xattr on the
 # upper root at mount time, and without volatile the upper file system is synced when the
 # namespace dies; either makes a run wait behind unrelated writeback on that disk (over 100 ms
 # measured). Nothing needs the upper dir to survive a crash, and no file handle is exported.
 HELPER = r"""
-root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 agent_tx=$9
-shift 9
+root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 agent_tx=$9 keep=${10}
+shift 10
 sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec 3>>"$status"
 fail() { echo "@fail $*" >&3; exit 125; }
@@ -59,7 +61,7 @@ if [ -n "$agent_tx" ]; then
 fi
 cd "$cwd" 2>&3 || fail "cannot enter $cwd in the view"
 echo @ok >&3
-"$@" 3>&-
+if [ -n "$keep" ]; then "$@"; else "$@" 3>&-; fi
 rc=$?
 echo "@exit $rc" >&3
 exit $rc

@@ -9,7 +9,13 @@ descendant with SIGKILL and reaps them until none is left, then exits with the c
 
 Standalone on purpose (stdlib only, no package import): it starts with ``-S -I``.
 
-    _reaper.py STATUS_FILE TIMEOUT_S INTERACTIVE(0|1) PARENT_PID -- CMD ARGS...
+    _reaper.py STATUS_FILE TIMEOUT_S INTERACTIVE(0|1) PARENT_PID [keep-status] -- CMD ARGS...
+
+PARENT_PID 0: the caller is not our parent (``unshare --pid --fork`` is, for a governed run:
+then we are PID 1 of a namespace, whose end kills whatever is left).
+
+With ``keep-status`` the command gets the status file on fd 3 (the governor's and the
+sandbox's wrappers report on it and close it before the command proper starts).
 
 It appends to STATUS_FILE: ``@ok`` once it runs, then ``@exit N`` (N as a shell gives it:
 128+signal when killed), ``@timeout``, or ``@fail WHY`` when it cannot supervise.
@@ -28,6 +34,7 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 KILL_ROUNDS_MAX = 500
 POLL_S = 0.02
+STATUS_FD = 3
 
 
 def children_of(pid: int) -> list[int]:
@@ -85,9 +92,19 @@ def kill_all() -> bool:
 
 def main(argv: list[str]) -> int:
     status_path, timeout_s, interactive, parent = argv[:4]
-    assert argv[4] == "--", "usage: _reaper.py STATUS TIMEOUT_S INTERACTIVE PARENT -- CMD..."
-    cmd = argv[5:]
+    keep = argv[4] == "keep-status"
+    rest = argv[5:] if keep else argv[4:]
+    assert rest[:1] == ["--"], \
+        "usage: _reaper.py STATUS TIMEOUT_S INTERACTIVE PARENT [keep-status] -- CMD..."
+    cmd = rest[1:]
     status = os.open(status_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    pass_fds: tuple[int, ...] = ()
+    if keep:
+        if status != STATUS_FD:
+            os.dup2(status, STATUS_FD)  # inheritable
+        else:
+            os.set_inheritable(STATUS_FD, True)
+        pass_fds = (STATUS_FD,)
 
     def note(line: str) -> None:
         os.write(status, (line + "\n").encode())
@@ -97,7 +114,7 @@ def main(argv: list[str]) -> int:
         note(f"@fail prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
         return 125
     libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-    if os.getppid() != int(parent):
+    if parent != "0" and os.getppid() != int(parent):
         note("@fail the caller died before the command started")
         return 125
     stop: list[int] = []
@@ -115,7 +132,7 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGQUIT, on_tty)
     note("@ok")
     try:
-        child = subprocess.Popen(cmd)
+        child = subprocess.Popen(cmd, pass_fds=pass_fds)
     except OSError as exc:
         print(f"{cmd[0]}: {exc.strerror}", file=sys.stderr, flush=True)
         note("@exit 127")
@@ -136,7 +153,9 @@ def main(argv: list[str]) -> int:
             rc = child.wait(timeout=wait_s)
         except subprocess.TimeoutExpired:
             pass
-    clean = kill_all()
+    # PID 1 of a namespace (a governed run): our exit kills every process left in it, and
+    # /proc is the host's, whose numbers are not ours: the kernel does the killing.
+    clean = True if os.getpid() == 1 else kill_all()
     if not clean:
         note("@fail processes survived SIGKILL")
     if rc is None:

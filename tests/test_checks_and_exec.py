@@ -315,3 +315,12 @@ def test_a_plain_timeout_is_reported_as_tripped_timeout(repo):
     status, out, _ = cli(repo, "stage-cmd", "--tid", begun["tid"], "--command", "sleep 30",
                          "--timeout-ms", "300")
     assert status == 1 and out["error"]["code"] == "timeout" and out["tripped"] == "timeout_ms"
+
+
+def test_ignore_rules_keep_build_output_out_of_the_capture(repo, monkeypatch):
+    (repo / ".agent-tx" / "ignore").write_text("# build output\nbuild\n")
+    monkeypatch.setenv("AGENT2PC_IGNORE", "*.log")
+    tx = Agent2PC(repo).begin()
+    out = tx.exec(["sh", "-c", "mkdir -p build && echo o > build/a.o && echo l > run.log && "
+                   "mkdir -p __pycache__ && echo c > __pycache__/x.pyc && echo k > kept.txt"])
+    assert [c["path"] for c in out["captured"]] == ["kept.txt"]

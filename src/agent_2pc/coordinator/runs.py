@@ -106,12 +106,26 @@ class Runs:
         with self.active(tid) as tx:
             return tx
 
+    def _ignore(self) -> list[str]:
+        """What runs may write without it being captured: the defaults (caches), the globs in
+        ``.agent-tx/ignore`` (one per line, # comments), and $AGENT2PC_IGNORE (':'-separated)."""
+        from ..isolation import DEFAULT_IGNORE
+
+        patterns = list(DEFAULT_IGNORE)
+        try:
+            with open(os.path.join(self.layout.dir, "ignore"), encoding="utf-8") as f:
+                patterns += [ln.strip() for ln in f if ln.strip() and not ln.startswith("#")]
+        except FileNotFoundError:
+            pass
+        patterns += [p for p in os.environ.get("AGENT2PC_IGNORE", "").split(":") if p]
+        return patterns
+
     def _view(self, tx: Tx, tier: str | None = None) -> StagedView:
         from ..isolation import StagedView
 
         try:
             return StagedView(self.root, tx.changes(), self.blobs, tier=tier,
-                              scratch_dir=self.layout.tx_dir(tx.tid),
+                              ignore=self._ignore(), scratch_dir=self.layout.tx_dir(tx.tid),
                               trash_dir=self.layout.trash)
         except BlobCorrupt as exc:
             self.blobs.discard(exc.digest)

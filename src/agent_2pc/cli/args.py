@@ -193,7 +193,7 @@ def help_text(path: list[Command], commands: tuple[Command, ...], prog: str) -> 
     name = " ".join(c.name for c in path)
     usage = [f"usage: {prog} {name}"]
     if cmd.subcommands:
-        usage.append("SUBCOMMAND")
+        usage.append("[SUBCOMMAND]" if cmd.run is not None else "SUBCOMMAND")
     for pos, _ in cmd.positionals:
         usage.append(pos.upper())
     for o in cmd.opts:

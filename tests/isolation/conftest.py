@@ -175,3 +175,23 @@ def pids_matching(marker: str) -> list[int]:
 
 
 PYTHON = sys.executable
+
+
+NOBODY = 65534
+
+
+def nobody_can_run(python: str = sys.executable) -> None:
+    """Skip unless an unprivileged user can run ``python`` and import our source tree: a
+    checkout under a private directory (``mktemp -d`` is 0700) cannot be entered by nobody,
+    and the tests that drop to nobody would fail for that reason alone."""
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to become an unprivileged user (setpriv)")
+    proc = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}",
+                           "--clear-groups", python, "-c",
+                           "import sys; sys.path.insert(0, sys.argv[1]); import agent_2pc", SRC],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    if proc.returncode != 0:
+        pytest.skip("an unprivileged user cannot run the interpreter or read the source "
+                    f"tree from here (a parent directory is private?): {proc.stderr.strip()}")
+

@@ -22,7 +22,7 @@ from agent_2pc.isolation import _view as view_module
 from agent_2pc.isolation._cgroups import PREFIX, find_parents
 from agent_2pc.isolation._governor import Governor, Window
 
-from .conftest import PYTHON, SRC, pids_matching
+from .conftest import PYTHON, SRC, nobody_can_run, pids_matching
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -398,6 +398,7 @@ print(json.dumps(out))
                     reason="needs root to become an unprivileged user, and bwrap")
 def test_an_unprivileged_run_is_sandboxed_and_its_fork_bomb_bounded_by_rlimit(staged,
                                                                               shared_tmp):
+    nobody_can_run(PYTHON)
     nobody = 65534
     for dirpath, dirnames, filenames in os.walk(staged.root):
         dirnames[:] = [d for d in dirnames if d != ".agent-tx"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -16,7 +15,7 @@ from agent_2pc.errors import IsolationUnavailable, UsageError
 from agent_2pc.isolation import TIERS, probe_tiers
 from agent_2pc.isolation import _view as view_module
 
-from .conftest import SRC
+from .conftest import SRC, nobody_can_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,8 +115,7 @@ print(json.dumps(out))
 
 
 def test_overlay_in_a_user_namespace_when_not_root(staged, shared_tmp):
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root to become an unprivileged user (setpriv)")
+    nobody_can_run()
     nobody = 65534
     for dirpath, dirnames, filenames in os.walk(staged.root):
         dirnames[:] = [d for d in dirnames if d != ".agent-tx"]

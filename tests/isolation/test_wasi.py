@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from agent_2pc.isolation.wasi import (
     run_wasm,
 )
 
-from .conftest import SRC, pids_matching
+from .conftest import SRC, nobody_can_run, pids_matching
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -342,8 +341,7 @@ def test_not_as_root_the_runner_hides_the_workspace_in_a_user_namespace(shared_t
     # As root the runner makes a mount namespace only; otherwise a user namespace too. (A
     # whole view as another user is tested in test_tiers.py; here the runner runs on its own,
     # as nobody, where a view would start it.)
-    if os.geteuid() != 0 or not shutil.which("setpriv"):
-        pytest.skip("needs root to become an unprivileged user (setpriv)")
+    nobody_can_run()
     if view_module._userns_refusal() is not None:
         pytest.skip(view_module._userns_refusal())
     work = os.path.join(shared_tmp, "work")

@@ -123,11 +123,9 @@ def bench_abort(bench: C.BenchDir, ks: list[int], reps: int, python: str, consol
 
 
 def boot_id() -> str | None:
-    try:
-        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
-            return f.read().strip().decode() or None
-    except OSError:
-        return None
+    from agent_2pc.coordinator.engine import boot_id as engine_boot_id
+
+    return engine_boot_id()
 
 
 def build_crashed_workspace(root: str, records: int, stages_per_tx: int = 99) -> dict:

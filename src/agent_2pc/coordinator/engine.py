@@ -50,6 +50,7 @@ from ..storage import history
 from ..storage.blobs import BlobStore
 from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log
+from ..storage.pids import pid_alive
 from ..storage.scratch import discard, sweep_in_background
 from ..storage.workspace import Layout, is_workspace
 from .runs import Runs
@@ -345,12 +346,7 @@ class Engine(Staging, Runs):
                 out["diverged"] = tx["diverged"]
             return out
         out = {"tid": tx.tid, "state": tx.state, "files": tx.files}
-        if tx.diverged:
-            out["diverged"] = tx.diverged
-        if tx.effects:
-            out["effects"] = effects_summary(tx)
-        if tx.uncompensated:
-            out["uncompensated"] = tx.uncompensated
+        out.update(_outcome_details(tx))
         return out
 
     # -- abort -------------------------------------------------------------------------------
@@ -492,7 +488,7 @@ class Engine(Staging, Runs):
                 dead = not self._live(tid)
             else:
                 pid = name.partition("-")[0]
-                dead = pid.isdigit() and not _pid_alive(int(pid))
+                dead = pid.isdigit() and not pid_alive(int(pid))
             if dead:
                 try:
                     os.unlink(os.path.join(self.layout.objects_tmp, name))
@@ -617,6 +613,13 @@ def summary(tx: Tx) -> dict[str, Any]:
     out = tx.summary()
     out.update({"ended_at": iso_ms(tx.ended_ms) if tx.ended_ms else None, "files": tx.files,
                 "code": tx.code, "reason": tx.reason})
+    out.update(_outcome_details(tx))
+    return out
+
+
+def _outcome_details(tx: Tx) -> dict[str, Any]:
+    """What a finished transaction's answer adds when there is something to say."""
+    out: dict[str, Any] = {}
     if tx.diverged:
         out["diverged"] = tx.diverged
     if tx.effects:
@@ -624,13 +627,3 @@ def summary(tx: Tx) -> dict[str, Any]:
     if tx.uncompensated:
         out["uncompensated"] = tx.uncompensated
     return out
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

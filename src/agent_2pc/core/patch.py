@@ -106,7 +106,7 @@ def parse_patch(text: str | bytes) -> list[FilePatch]:
         )
     if not data.strip():
         raise InvalidPatch("patch is empty: expected a unified diff")
-    lines = _split_lines(data)
+    lines = split_lines(data)
     for number, line in enumerate(lines, 1):
         if len(line) > MAX_LINE_BYTES:
             raise InvalidPatch(
@@ -586,7 +586,7 @@ def _apply_file(fp: FilePatch, view: _View) -> None:
     content = _apply_hunks(old, base, fp.hunks)
     if new is None:
         if content:
-            remaining = _split_lines(content)
+            remaining = split_lines(content)
             raise PatchRejected(
                 f"cannot delete {old}: its hunks leave {len(remaining)} line(s), starting with "
                 f"{_quote(remaining[0])}; a deletion must remove the whole content", path=old,
@@ -639,7 +639,7 @@ def _strip(path: str, level: int) -> str | None:
 
 
 def _apply_hunks(path: str, content: bytes, hunks: tuple[Hunk, ...]) -> bytes:
-    target = _Target(_split_lines(content))
+    target = _Target(split_lines(content))
     out: list[bytes] = []
     pos = 0  # the first line of the old content not yet copied or replaced
     offset = 0  # where the previous hunk landed relative to where its header said
@@ -805,7 +805,7 @@ def _closest(target: _Target, old: list[bytes], lo: int, expected: int) -> tuple
 # -- small helpers -----------------------------------------------------------------------------
 
 
-def _split_lines(data: bytes) -> list[bytes]:
+def split_lines(data: bytes) -> list[bytes]:
     """Lines split on LF only, each keeping its terminator; the last may have none."""
     parts = data.split(b"\n")
     last = parts.pop()

@@ -10,6 +10,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Iterator
 
+from .patch import split_lines as _split_lines
+
 CONTEXT_LINES = 3
 BINARY_SNIFF_BYTES = 8000
 # Above these sizes (of the part left after trimming the common prefix and suffix) the changed
@@ -98,16 +100,6 @@ def _is_text(content: bytes | None) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def _split_lines(data: bytes) -> list[bytes]:
-    """Lines split on LF only, each keeping its terminator; the last may have none."""
-    parts = data.split(b"\n")
-    last = parts.pop()
-    lines = [part + b"\n" for part in parts]
-    if last:
-        lines.append(last)
-    return lines
 
 
 def _opcodes(a: list[bytes], b: list[bytes]) -> list[Opcode]:

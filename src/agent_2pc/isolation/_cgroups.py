@@ -28,6 +28,8 @@ import os
 import signal
 import time
 
+from ..storage.pids import pid_alive
+
 V1, V2 = "cgroup-v1", "cgroup-v2"
 PREFIX = "agent-2pc-"
 REMOVE_S_MAX = 5.0
@@ -160,16 +162,6 @@ def find_parents(want: tuple[str, ...] = ("pids", "memory", "cpu")
     return found, why
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _procs(d: str) -> list[int]:
     try:
         return [int(x) for x in _read(os.path.join(d, "cgroup.procs")).split()]
@@ -218,7 +210,7 @@ def sweep_stale(parents: list[str]) -> int:
                 pid = int(name[len(PREFIX):].split("-", 1)[0])
             except ValueError:
                 continue
-            if pid == os.getpid() or _pid_alive(pid):
+            if pid == os.getpid() or pid_alive(pid):
                 continue
             if _empty_and_remove(os.path.join(parent, name), 1.0):
                 n += 1

@@ -24,8 +24,8 @@ import errno
 import itertools
 import os
 
-from .durable import fsync_fd, write_all
-from .hashing import CHUNK, hasher, sha256_bytes
+from .durable import fsync_dir, fsync_fd, write_all
+from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
 
 _counter = itertools.count()
 
@@ -162,26 +162,14 @@ class BlobStore:
             except FileNotFoundError:
                 raise BlobCorrupt(digest, "missing") from None
             try:
-                h = hasher(os.fstat(fd).st_size)
-                offset = 0
-                while True:
-                    chunk = os.pread(fd, CHUNK, offset)
-                    if not chunk:
-                        break
-                    h.update(chunk)
-                    offset += len(chunk)
-                if h.hexdigest() != digest:
+                if sha256_fd(fd)[0] != digest:
                     raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
                 fsync_fd(fd)
             finally:
                 os.close(fd)
             fans.add(digest[:2])
         for fan in fans:
-            dfd = os.open(os.path.join(self.dir, fan), os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                fsync_fd(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(os.path.join(self.dir, fan))
 
     def copy_to(self, digest: str, dst: int) -> int:
         """Write the blob into ``dst``, checking the hash as it streams; return the size."""

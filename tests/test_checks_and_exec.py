@@ -324,3 +324,19 @@ def test_ignore_rules_keep_build_output_out_of_the_capture(repo, monkeypatch):
     out = tx.exec(["sh", "-c", "mkdir -p build && echo o > build/a.o && echo l > run.log && "
                    "mkdir -p __pycache__ && echo c > __pycache__/x.pyc && echo k > kept.txt"])
     assert [c["path"] for c in out["captured"]] == ["kept.txt"]
+
+
+def test_deleting_or_replacing_a_symlink_in_exec_never_stages_its_target(repo):
+    (repo / "real.txt").write_text("precious\n")
+    os.symlink("real.txt", repo / "link.txt")
+    os.mkdir(repo / "realdir")
+    (repo / "realdir" / "f.txt").write_text("inner\n")
+    os.symlink("realdir", repo / "dirlink")
+    tx = Agent2PC(repo).begin()
+    out = tx.exec(["sh", "-c", "rm link.txt && rm dirlink && echo x > other.txt"])
+    assert [c["path"] for c in out["captured"]] == ["other.txt"]
+    assert {s["path"] for s in out["skipped"]} >= {"link.txt", "dirlink"}
+    assert [f["path"] for f in tx.status()["files"]] == ["other.txt"]
+    tx.commit()
+    assert (repo / "real.txt").read_text() == "precious\n"
+    assert (repo / "realdir" / "f.txt").read_text() == "inner\n"

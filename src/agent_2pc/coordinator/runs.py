@@ -295,6 +295,9 @@ class Runs:
 
     # -- staging what a run changed ------------------------------------------------------------
 
+    def _symlink_on_the_way(self, rel: str) -> str | None:
+        return _first_link(self.root, rel)
+
     def _stage_capture(self, tid: str, view: StagedView, select: Callable[[str], bool] | None,
                        via: str) -> list[str]:
         return [c["path"] for c in self._stage_changes(tid, view, select, via)[0]]
@@ -320,6 +323,15 @@ class Runs:
                         skipped.append({"path": c.path, "kind": c.op,
                                         "reason": "symlinks and empty directories cannot be "
                                                   "staged yet"})
+                        continue
+                    link = self._symlink_on_the_way(c.path)
+                    if link is not None:
+                        # A captured path is literal: staging it through the link would
+                        # change the link's target instead (rm link.txt must never stage the
+                        # deletion of the file it points to).
+                        skipped.append({"path": c.path, "kind": c.op,
+                                        "reason": f"{link} is a symbolic link in the tree, "
+                                                  "and symlinks cannot be staged yet"})
                         continue
                     rel = resolve(self.root, c.path)
                     pre = self._pre(tx, rel)
@@ -350,6 +362,17 @@ class Runs:
 def _last_lines(result: dict[str, Any], n: int = 3) -> str:
     lines = [ln.strip() for ln in (result.get("tail") or "").splitlines() if ln.strip()][-n:]
     return (": " + " | ".join(lines)) if lines else ""
+
+
+def _first_link(root: str, rel: str) -> str | None:
+    """The first component of ``rel`` (a literal path below ``root``) that is a symbolic
+    link in the tree, if any."""
+    parts = rel.split("/")
+    for i in range(1, len(parts) + 1):
+        prefix = "/".join(parts[:i])
+        if os.path.islink(os.path.join(root, prefix)):
+            return prefix
+    return None
 
 
 def _result_json(res: RunResult) -> dict[str, Any]:

@@ -35,7 +35,7 @@ POINTS: dict[str, str] = {
 
 _EXIT_STATUS = 137
 # Read once: passing a point must cost nothing in production (it is on every step's path).
-# A test that sets the variables in-process calls rearm().
+# Tests arm points in the processes they start, through the environment.
 _ARMED = bool(os.environ.get("AGENT2PC_CRASH_AT") or os.environ.get("AGENT2PC_STALL_AT"))
 _passes: dict[str, int] = {}  # passes counted per (spec, point)
 
@@ -58,13 +58,6 @@ def hit(point: str, before_exit: Callable[[], object] | None = None) -> None:
         import time
 
         time.sleep(float(os.environ.get("AGENT2PC_STALL_S", "5")))
-
-
-def rearm() -> None:
-    """Look at AGENT2PC_CRASH_AT / AGENT2PC_STALL_AT again (after a test changed them)."""
-    global _ARMED
-    _ARMED = bool(os.environ.get("AGENT2PC_CRASH_AT") or os.environ.get("AGENT2PC_STALL_AT"))
-    _passes.clear()
 
 
 def _due(spec: str, point: str) -> bool:

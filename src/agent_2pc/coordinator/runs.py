@@ -93,7 +93,6 @@ class Runs:
     active: Callable[[str], ContextManager[Tx]]
     _append: Callable[..., None]
     _rec: Callable[..., dict[str, Any]]
-    _refresh: Callable[[], None]
     _append_staged: Callable[[list[dict[str, Any]], list[Pending]], None]
     _stage_rec: Callable[..., dict[str, Any]]
     _pre: Callable[[Tx, str], str | None]
@@ -179,7 +178,8 @@ class Runs:
         try:
             res = self._run(view, command, options, timeout_s, self._log_path(tx.tid, "check"))
             if res.passed and select is not None:
-                staged = self._stage_capture(tx.tid, view, select, via="promote")
+                staged = [c["path"] for c in
+                          self._stage_changes(tx.tid, view, select, "promote")[0]]
         finally:
             view.close()
         result = _result_json(res)
@@ -202,6 +202,8 @@ class Runs:
 
     def checks_to_run(self, tx: Tx) -> list[dict[str, Any]]:
         """The checks whose latest run saw other staged content than the transaction has now."""
+        if not tx.checks:
+            return []  # every commit asks: no fingerprint to compute without checks
         fp = fingerprint(tx)
         return [rec for rec in tx.checks.values() if rec["fingerprint"] != fp]
 
@@ -243,7 +245,7 @@ class Runs:
                     f"{command!r} {'timed out' if res.timed_out else 'failed'} "
                     f"(exit {res.exit_code}); nothing was staged and the transaction stays "
                     "active", code=code, tid=tid, result={"tid": tid, **result, "captured": []})
-            captured, skipped = self._stage_capture_all(tid, view)
+            captured, skipped = self._stage_changes(tid, view, None, "exec")
         finally:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
@@ -274,7 +276,7 @@ class Runs:
                                   f"({res.outcome}: {res.message or res.exit_code}); nothing "
                                   "was staged and the transaction stays active", code=code,
                                   tid=tid, result={"tid": tid, **result, "captured": []})
-            captured, skipped = self._stage_capture_all(tid, view)
+            captured, skipped = self._stage_changes(tid, view, None, "exec")
         finally:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
@@ -295,17 +297,6 @@ class Runs:
 
     # -- staging what a run changed ------------------------------------------------------------
 
-    def _symlink_on_the_way(self, rel: str) -> str | None:
-        return _first_link(self.root, rel)
-
-    def _stage_capture(self, tid: str, view: StagedView, select: Callable[[str], bool] | None,
-                       via: str) -> list[str]:
-        return [c["path"] for c in self._stage_changes(tid, view, select, via)[0]]
-
-    def _stage_capture_all(self, tid: str, view: StagedView
-                           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return self._stage_changes(tid, view, None, "exec")
-
     def _stage_changes(self, tid: str, view: StagedView, select: Callable[[str], bool] | None,
                        via: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """Stage the writes and deletes a run made, in one append (all or nothing).
@@ -324,7 +315,7 @@ class Runs:
                                         "reason": "symlinks and empty directories cannot be "
                                                   "staged yet"})
                         continue
-                    link = self._symlink_on_the_way(c.path)
+                    link = _first_link(self.root, c.path)
                     if link is not None:
                         # A captured path is literal: staging it through the link would
                         # change the link's target instead (rm link.txt must never stage the

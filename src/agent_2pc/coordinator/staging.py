@@ -29,8 +29,6 @@ TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are la
 if TYPE_CHECKING:
     from typing import Any, Callable, ContextManager
 
-    from ..storage.log import Log
-
 NAME_CHARS_MAX = 200
 DIFF_BYTES_MAX = 8 << 20  # larger files are summarized by size, not read for a text diff
 MODE_MAX = 0o7777
@@ -55,7 +53,6 @@ class Staging:
 
     root: str
     blobs: BlobStore
-    log: "Log"
     txs: dict[str, Tx]
     active: Callable[[str], ContextManager[Tx]]
     locked: Callable[[str], ContextManager[Tx | dict[str, Any]]]

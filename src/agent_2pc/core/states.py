@@ -29,7 +29,7 @@ import time
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any, Iterable
+    from typing import Any
 
 ACTIVE, PREPARING, PREPARED, COMMITTING, COMMITTED, ABORTING, ABORTED = (
     "active", "preparing", "prepared", "committing", "committed", "aborting", "aborted")
@@ -241,13 +241,6 @@ def effects_summary(tx: Tx) -> list[dict[str, Any]]:
             row["compensation"] = {"outcome": comp["outcome"], "status": comp.get("status")}
         rows.append(row)
     return rows
-
-
-def fold(records: Iterable[dict[str, Any]], txs: dict[str, Tx] | None = None) -> dict[str, Tx]:
-    txs = {} if txs is None else txs
-    for rec in records:
-        apply_record(txs, rec)
-    return txs
 
 
 def iso_ms(ms: int) -> str:

@@ -175,6 +175,10 @@ def pids_matching(marker: str) -> list[int]:
 
 
 PYTHON = sys.executable
+# The sandbox gives commands a private, empty /tmp: a virtualenv of a checkout under /tmp (as
+# `mktemp -d` makes for CI) is invisible there. Its base interpreter is not; sandboxed runs
+# of stdlib-only scripts use that.
+SANDBOX_PYTHON = os.path.realpath(sys.executable)
 
 
 NOBODY = 65534

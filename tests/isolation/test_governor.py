@@ -22,7 +22,7 @@ from agent_2pc.isolation import _view as view_module
 from agent_2pc.isolation._cgroups import PREFIX, find_parents
 from agent_2pc.isolation._governor import Governor, Window
 
-from .conftest import PYTHON, SRC, nobody_can_run, pids_matching
+from .conftest import PYTHON, SANDBOX_PYTHON, SRC, nobody_can_run, pids_matching
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -306,7 +306,7 @@ def test_a_fork_bomb_in_the_sandbox_trips_max_procs(staged, tier):
         pytest.skip("no kernel bound on processes here")
     m = marker()
     with staged.view(tier) as view:
-        res = view.run([PYTHON, "-c", FORK_BOMB, m], timeout_s=30, sandbox=True,
+        res = view.run([SANDBOX_PYTHON, "-c", FORK_BOMB, m], timeout_s=30, sandbox=True,
                        limits=Limits(procs=16, disk_mb=16))
         assert res.tripped == "max_procs" and res.sandbox["tmp_size_bytes"] == 16 << 20, res
         assert "tmpfs-size:/tmp" in res.governor["enforced"]["max_disk_mb"]

@@ -13,7 +13,7 @@ import pytest
 from agent_2pc.errors import IsolationUnavailable, UsageError
 from agent_2pc.isolation import _sandbox, probe_sandbox
 
-from .conftest import PYTHON, pids_matching
+from .conftest import PYTHON, SANDBOX_PYTHON, pids_matching
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(probe_sandbox() is not None,
@@ -126,10 +126,10 @@ def listener():
 
 def test_the_sandbox_has_no_network_unless_asked(staged, overlay_tier, listener):
     with staged.view(overlay_tier) as view:
-        res = view.run([PYTHON, "-c", CONNECT, str(listener)], timeout_s=30, sandbox=True)
+        res = view.run([SANDBOX_PYTHON, "-c", CONNECT, str(listener)], timeout_s=30, sandbox=True)
         assert res.tail.split() == ["refused", "ConnectionRefusedError"], res.tail
         assert res.sandbox["network"] is False
-        res = view.run([PYTHON, "-c", CONNECT, str(listener)], timeout_s=30, sandbox=True,
+        res = view.run([SANDBOX_PYTHON, "-c", CONNECT, str(listener)], timeout_s=30, sandbox=True,
                        network=True)
         assert res.tail.split() == ["got", "hello"], res.tail
         assert res.sandbox["network"] is True and "net" not in res.sandbox["namespaces"]

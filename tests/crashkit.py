@@ -23,7 +23,8 @@ BEFORE = {
 
 
 def snapshot(root: str | Path) -> dict[str, tuple[bytes, int] | str]:
-    """Every file (content, mode) and directory under root, but .git and .agent-tx."""
+    """Every file (content, mode), symbolic link ("symlink:" + target) and directory (with its
+    mode) under root, but .git and .agent-tx."""
     root = str(root)
     out: dict[str, tuple[bytes, int] | str] = {}
     for dirpath, dirnames, filenames in os.walk(root):
@@ -31,10 +32,15 @@ def snapshot(root: str | Path) -> dict[str, tuple[bytes, int] | str]:
         if rel_dir == ".":
             dirnames[:] = [d for d in dirnames if d not in (".git", ".agent-tx")]
         else:
-            out[rel_dir + "/"] = "dir"
-        for name in filenames:
+            out[rel_dir + "/"] = f"dir {stat.S_IMODE(os.lstat(dirpath).st_mode):o}"
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        dirnames[:] = [d for d in dirnames if d not in links]
+        for name in [*filenames, *links]:
             path = os.path.join(dirpath, name)
             rel = os.path.relpath(path, root)
+            if os.path.islink(path):
+                out[rel] = "symlink:" + os.readlink(path)
+                continue
             with open(path, "rb") as f:
                 out[rel] = (f.read(), stat.S_IMODE(os.lstat(path).st_mode))
     return out

@@ -206,6 +206,51 @@ def test_crash_after_each_file_operation_of_apply_rolls_forward(tmp_path, n):
     w.check_invariants()
 
 
+class LinksWorld(World):
+    """A transaction staged by exec that makes links and directories, removes a link and an
+    empty directory, turns a file into a directory and a link into another link."""
+
+    def __init__(self, root: Path) -> None:
+        import os
+
+        self.root = root
+        self.client = make_repo(root)
+        os.symlink("keep.txt", root / "linkold")
+        os.symlink("keep.txt", root / "relink")
+        (root / "emptyold").mkdir()
+        self.old = snapshot(root)
+        tx = self.client.begin(label="links and directories")
+        tx.exec(["sh", "-c", "ln -s mod1.txt link1 && mkdir -p made/empty && rm linkold && "
+                             "rmdir emptyold && rm gone.txt && mkdir -m 0700 gone.txt && "
+                             "ln -sfn mod2.py relink"])
+        assert len(tx.status()["files"]) == 6
+        self.tid = tx.tid
+        self.new = self._expected_new()
+
+
+@pytest.mark.parametrize("n", range(1, 6))  # six operations: two deletes, four puts
+def test_a_crash_in_the_apply_of_links_and_directories_rolls_forward(tmp_path, n):
+    root = tmp_path / "repo"
+    root.mkdir()
+    w = LinksWorld(root)
+    assert w.new["link1"] == "symlink:mod1.txt" and w.new["gone.txt/"] == "dir 700"
+    w.crash(f"commit.mid_apply:{n}", "commit", "--tid", w.tid)
+    assert snapshot(w.root) not in (w.old, w.new)
+    assert w.tid in w.recover()["rolled_forward"]
+    assert snapshot(w.root) == w.new
+    assert w.recover()["rolled_forward"] == []  # the redo is done, and stays done
+    assert snapshot(w.root) == w.new
+    w.check_invariants()
+
+
+def test_a_crash_before_the_decision_leaves_links_and_directories_as_they_were(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    w = LinksWorld(root)
+    commit_crash("prepare.before_decision", "old", "rolled_back")(w)
+    w.check_invariants()
+
+
 def test_next_command_finishes_a_dead_processs_commit_first(tmp_path):
     root = tmp_path / "repo"
     root.mkdir()

@@ -43,7 +43,7 @@ def _big_repo(root: Path) -> tuple[Agent2PC, dict, str, dict]:
         i = int(rel.rsplit("f", 1)[1].split(".")[0])
         if i % 50 != 7:
             new[rel] = (f"new {i}\n".encode(), 0o644)
-    new["added/"] = "dir"
+    new["added/"] = "dir 755"
     new["added/one.txt"] = (b"added\n", 0o644)
     return client, old, tx.tid, new
 

@@ -148,3 +148,13 @@ def test_a_flipped_bit_is_never_decoded_as_a_record(records, data):
     assert decoded.damage is not None and decoded.damage.offset == offsets[k]
     # Valid frames after the damaged one make it corruption, never a tail to cut off.
     assert decoded.damage.torn is (k == len(records) - 1)
+
+
+def test_fingerprints_of_links_and_directories_match_the_documented_vectors():
+    from agent_2pc.core.states import DIR_FINGERPRINT
+    from agent_2pc.storage.hashing import link_fingerprint
+
+    assert link_fingerprint("a.txt") == (
+        "symlink:18b7cb099a9ea3f50ba899b5ba81e0d377a5f3b16f8f6eeb8b3e58cd4692b993")
+    assert DIR_FINGERPRINT == "dir"
+    assert link_fingerprint("caf\udce9") != link_fingerprint("café")  # raw bytes, not text

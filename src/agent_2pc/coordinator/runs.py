@@ -22,10 +22,17 @@ import json
 import os
 
 from ..core.states import Tx
-from ..errors import Agent2PCError, CheckFailed, TransactionAborted, UsageError
+from ..errors import (
+    Agent2PCError,
+    CheckFailed,
+    PathForbidden,
+    PathOutsideRoot,
+    TransactionAborted,
+    UsageError,
+)
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import sha256_bytes
-from .paths import resolve
+from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -41,8 +48,10 @@ COMMAND_CHARS_MAX = 64 * 1024
 
 
 def fingerprint(tx: Tx) -> str:
-    """What a check saw: the transaction's net staged change (path, op, blob, mode)."""
-    rows = [[op.path, op.op, op.blob, op.mode] for op in tx.changes()]
+    """What a check saw: the transaction's net staged change (path, op, blob, mode; a link's
+    target too)."""
+    rows = [[op.path, op.op, op.blob, op.mode] if op.target is None else
+            [op.path, op.op, op.blob, op.mode, op.target] for op in tx.changes()]
     return sha256_bytes(json.dumps(rows, separators=(",", ":")).encode("utf-8"))
 
 
@@ -95,8 +104,8 @@ class Runs:
     _rec: Callable[..., dict[str, Any]]
     _append_staged: Callable[[list[dict[str, Any]], list[Pending]], None]
     _stage_rec: Callable[..., dict[str, Any]]
-    _pre: Callable[[Tx, str], str | None]
-    _check_placeable: Callable[[Tx, str], None]
+    _tree_fingerprint: Callable[[str], str | None]
+    _check_placeable: Callable[..., None]
 
     # -- the view ----------------------------------------------------------------------------
 
@@ -299,47 +308,53 @@ class Runs:
 
     def _stage_changes(self, tid: str, view: StagedView, select: Callable[[str], bool] | None,
                        via: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Stage the writes and deletes a run made, in one append (all or nothing).
-        Symlinks and empty directories are reported as skipped: the file participant stages
-        regular files only, for now."""
+        """Stage what a run changed (files written and deleted, links, empty directories made
+        and removed) in one append: all of it or, if the append fails, nothing. A path that
+        may not be staged is listed under ``skipped`` with the reason and the rest is staged; a
+        change that does not fit the staged view (a file where a directory is) stages nothing
+        and raises NotAFile.
+
+        A captured path is literal: a link at its last component is the path itself (``rm
+        link`` stages the deletion of the link, never of its target), and a path below a link
+        of the tree is skipped (staging it would change the link's target instead) unless the
+        link itself is replaced by a directory."""
         cap = view.capture(select)
         skipped = [dict(s) for s in cap.skipped]
         staged: list[dict[str, Any]] = []
         pending: list[Pending] = []
         with self.active(tid) as tx:
             records = []
+            puts: dict[str, str] = {}  # path -> op, staged by this capture so far
             try:
                 for c in cap.changes:
-                    if c.op in ("symlink", "mkdir"):
-                        skipped.append({"path": c.path, "kind": c.op,
-                                        "reason": "symlinks and empty directories cannot be "
-                                                  "staged yet"})
+                    try:
+                        rel, below_link = self._literal(tx, c.path, puts)
+                    except Agent2PCError as exc:  # forbidden, or through a link
+                        skipped.append({"path": c.path, "kind": c.op, "reason": str(exc)})
                         continue
-                    link = _first_link(self.root, c.path)
-                    if link is not None:
-                        # A captured path is literal: staging it through the link would
-                        # change the link's target instead (rm link.txt must never stage the
-                        # deletion of the file it points to).
-                        skipped.append({"path": c.path, "kind": c.op,
-                                        "reason": f"{link} is a symbolic link in the tree, "
-                                                  "and symlinks cannot be staged yet"})
-                        continue
-                    rel = resolve(self.root, c.path)
-                    pre = self._pre(tx, rel)
+                    pre = self._pre_literal(tx, rel, below_link)
+                    if c.op != "delete":
+                        self._check_placeable(tx, rel, puts, kind=c.op)
                     if c.op == "delete":
-                        records.append(self._stage_rec(tid, rel, "delete", via, None, 0, None,
-                                                       pre))
+                        rec = self._stage_rec(tid, rel, "delete", via, None, 0, None, pre)
+                    elif c.op == "symlink":
+                        assert c.target is not None
+                        rec = self._rec("stage", tid, path=rel, op="symlink", via=via,
+                                        blob=None, size=0, mode=None, pre=pre, target=c.target)
+                    elif c.op == "mkdir":
+                        rec = self._stage_rec(tid, rel, "mkdir", via, None, 0, c.mode, pre)
                     else:
-                        assert c.source is not None
-                        self._check_placeable(tx, rel)
+                        assert c.op == "write" and c.source is not None, c
                         fd = os.open(c.source, os.O_RDONLY | os.O_CLOEXEC)
                         try:
                             blob = self.blobs.put_fd(fd)
                         finally:
                             os.close(fd)
                         pending.append(blob)
-                        records.append(self._stage_rec(tid, rel, "write", via, blob.digest,
-                                                       blob.size, c.mode, pre))
+                        rec = self._stage_rec(tid, rel, "write", via, blob.digest, blob.size,
+                                              c.mode, pre)
+                    records.append(rec)
+                    puts[rel] = c.op
                     staged.append(c.to_json())
             except BaseException:
                 for p in pending:
@@ -348,6 +363,41 @@ class Runs:
             if records:
                 self._append_staged(records, pending)
         return staged, skipped
+
+    def _literal(self, tx: Tx, path: str, puts: dict[str, str]) -> tuple[str, bool]:
+        """``path`` as a command wrote it (relative to the root), checked: inside the root,
+        outside .git/ and .agent-tx/, its last component not followed. Its directory must
+        resolve to itself, unless the first link on the way is replaced by this step or the
+        transaction (deleted, or made a directory): then nothing of the tree is below it.
+        Returns (path, whether it lies below such a replaced link)."""
+        parent, _, name = path.rpartition("/")
+        parts = path.split("/")
+        if not name or any(p in ("", ".", "..", FORBIDDEN_ANY) for p in parts) or \
+                parts[0] == FORBIDDEN_TOP:
+            raise PathForbidden(f"{path!r} may not be staged", path=path)
+        if not parent:
+            return path, False
+        try:
+            if resolve(self.root, parent) == parent:
+                return path, False
+        except (PathForbidden, PathOutsideRoot):
+            pass  # a link on the way leads outside the root or into .git/
+        link = _first_link(self.root, parent)
+        if link is not None:
+            op = puts.get(link)
+            if op is None:
+                staged = tx.staged(link)
+                op = staged.op if staged is not None else None
+            if op in ("delete", "mkdir"):
+                return path, True
+        raise PathForbidden(f"{link or parent} is a symbolic link in the tree: a path through "
+                            "it is not staged", path=path)
+
+    def _pre_literal(self, tx: Tx, rel: str, below_link: bool) -> str | None:
+        op = tx.staged(rel)
+        if op is not None:
+            return op.pre
+        return None if below_link else self._tree_fingerprint(rel)
 
 
 def _last_lines(result: dict[str, Any], n: int = 3) -> str:

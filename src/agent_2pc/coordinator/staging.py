@@ -11,7 +11,7 @@ import os
 import stat
 
 from .. import crashpoints
-from ..core.states import Op, Tx, effects_summary, iso_ms
+from ..core.states import DIR_FINGERPRINT, Op, Tx, effects_summary, iso_ms
 from ..errors import (
     AmbiguousMatch,
     NoMatch,
@@ -22,7 +22,7 @@ from ..errors import (
     UsageError,
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
-from ..storage.hashing import sha256_bytes, sha256_fd
+from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 from .paths import resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -107,33 +107,92 @@ class Staging:
         op = tx.staged(rel)
         if op is None:
             return self._tree_read(rel)
+        if op.op == "symlink":
+            raise NotAFile(f"{rel} is a symbolic link staged in this transaction (to "
+                           f"{op.target!r}); use its target's path", path=rel)
+        if op.op == "mkdir":
+            raise NotAFile(f"{rel} is a directory in this transaction", path=rel)
         return None if op.op == "delete" else self._blob(op)
 
-    def _view_is_file(self, tx: Tx, rel: str) -> bool:
-        op = tx.staged(rel)
-        if op is not None:
-            return op.op == "write"
+    def _view_blocks(self, tx: Tx, rel: str, puts: dict[str, str] | None) -> bool:
+        """Does the staged view (and ``puts``: the ops of the step being built, path -> op)
+        hold a file or a link at ``rel``, so that nothing can go below it?"""
+        kind = puts.get(rel) if puts else None
+        if kind is None:
+            op = tx.staged(rel)
+            kind = op.op if op is not None else None
+        if kind is not None:
+            return kind in ("write", "symlink")
         return os.path.isfile(os.path.join(self.root, rel))
 
-    def _check_placeable(self, tx: Tx, rel: str) -> None:
-        """A file may go at ``rel`` in the staged view: no parent is a file, it isn't a dir."""
-        if os.path.isdir(os.path.join(self.root, rel)) and not os.path.islink(
-                os.path.join(self.root, rel)):
-            raise NotAFile(f"{rel} is a directory", path=rel)
+    def _check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
+                         kind: str = "write") -> None:
+        """A file (or link, or with ``kind`` mkdir a directory) may go at ``rel`` in the
+        staged view: no parent is a file or link; a file or link does not replace a
+        directory."""
         parts = rel.split("/")
         for i in range(1, len(parts)):
             prefix = "/".join(parts[:i])
-            if self._view_is_file(tx, prefix):
+            if self._view_blocks(tx, prefix, puts):
                 raise NotAFile(f"{prefix} is a file, so {rel} cannot be created", path=rel)
+        if kind == "mkdir":
+            return
+        staged = tx.staged(rel)
+        if staged is not None and staged.op == "mkdir":
+            raise NotAFile(f"{rel} is a directory in this transaction", path=rel)
+        full = os.path.join(self.root, rel)
+        if os.path.isdir(full) and not os.path.islink(full):
+            raise NotAFile(f"{rel} is a directory", path=rel)
         below = rel + "/"
         for op in tx.ops:
-            if op.op == "write" and op.path.startswith(below) and tx.staged(op.path) is op:
+            if op.op != "delete" and op.path.startswith(below) and tx.staged(op.path) is op:
                 raise NotAFile(f"{rel} is a directory in this transaction ({op.path} is staged)",
                                path=rel)
 
     def _pre(self, tx: Tx, rel: str) -> str | None:
         op = tx.staged(rel)
         return op.pre if op is not None else self._tree_digest(rel)[0]
+
+    def _tree_node(self, rel: str) -> tuple[str | None, bytes | None, int | None]:
+        """What the tree holds at ``rel`` itself, a link not followed: (kind, content, mode)
+        with kind file (content, permission bits), symlink (the target's bytes, S_IFLNK),
+        dir (None, None), or None when nothing is there. Other kinds are NotAFile."""
+        full = os.path.join(self.root, rel)
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            return None, None, None
+        if stat.S_ISLNK(st.st_mode):
+            return "symlink", os.fsencode(os.readlink(full)), stat.S_IFLNK | 0o777
+        if stat.S_ISDIR(st.st_mode):
+            return "dir", None, None
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(f"{rel} is not a regular file, link or directory", path=rel)
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return "file", f.read(), stat.S_IMODE(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+    def _tree_fingerprint(self, rel: str) -> str | None:
+        """The fingerprint of what the tree holds at ``rel`` itself (participants/fs.py)."""
+        full = os.path.join(self.root, rel)
+        try:
+            st = os.lstat(full)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            return link_fingerprint(os.readlink(full))
+        if stat.S_ISDIR(st.st_mode):
+            return DIR_FINGERPRINT
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAFile(f"{rel} is not a regular file, link or directory", path=rel)
+        fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            return sha256_fd(fd)[0]
+        finally:
+            os.close(fd)
 
     # -- steps -------------------------------------------------------------------------------
 
@@ -197,7 +256,7 @@ class Staging:
         rel = resolve(self.root, path)
         with self.active(tid) as tx:
             op = tx.staged(rel)
-            exists = (op.op == "write") if op is not None else self._tree_fd_exists(rel)
+            exists = (op.op != "delete") if op is not None else self._tree_fd_exists(rel)
             if not exists:
                 raise NotFound(f"{rel} does not exist in the staged view", path=rel)
             self._append([self._stage_rec(tid, rel, "delete", "delete", None, 0, None,
@@ -323,24 +382,55 @@ class Staging:
                     texts.append(f"Large file {op.path}: {big['status']} "
                                  f"({big['old_bytes']} -> {big['new_bytes']} bytes)\n")
                     continue
-                old = self._tree_read(op.path)
-                _, old_mode = self._tree_digest(op.path)
-                new = None if op.op == "delete" else self._blob(op)
-                new_mode = None if new is None else (op.mode or old_mode or 0o644)
-                if old == new and (new is None or old_mode == new_mode):
-                    continue
-                fd = diff_file(op.path, old, new, old_mode if old is not None else None,
-                               new_mode)
-                files.append({"path": op.path, "status": fd.status,
-                              "additions": fd.additions, "deletions": fd.deletions})
-                texts.append(fd.text)
+                for row, text in self._diff_op(tx, op, diff_file):
+                    files.append(row)
+                    texts.append(text)
         if stat_only:
             return {"files": files, "diff": stat_text(files)}
         return {"files": files, "diff": "".join(texts)}
 
+    def _diff_op(self, tx: Tx, op: Op, diff_file: Callable[..., Any]
+                 ) -> list[tuple[dict[str, Any], str]]:
+        """The rows and git-style texts of one net change. A link is diffed as git does
+        (mode 120000, its target as content); a directory has a row (``kind: directory``)
+        and no text, since git has no way to show an empty directory."""
+        old_kind, old, old_mode = self._tree_node(op.path)
+        new_kind: str | None = None
+        new: bytes | None = None
+        new_mode: int | None = None
+        if op.op == "write":
+            new_kind, new = "file", self._blob(op)
+            new_mode = op.mode or (old_mode if old_kind == "file" else None) or 0o644
+        elif op.op == "symlink":
+            assert op.target is not None
+            new_kind, new, new_mode = "symlink", os.fsencode(op.target), stat.S_IFLNK | 0o777
+        elif op.op == "mkdir":
+            new_kind = "dir"
+        out: list[tuple[dict[str, Any], str]] = []
+        if old_kind == new_kind and old == new and old_mode == new_mode:
+            return out
+        sides = [(old_kind, old, old_mode, new_kind, new, new_mode)]
+        if old_kind is not None and new_kind is not None and old_kind != new_kind:
+            # A change of type is a deletion and an addition, as git shows it.
+            sides = [(old_kind, old, old_mode, None, None, None),
+                     (None, None, None, new_kind, new, new_mode)]
+        for ok, ob, om, nk, nb, nm in sides:
+            if ok == "dir" or nk == "dir":
+                out.append(({"path": op.path, "status": "added" if nk else "deleted",
+                             "additions": 0, "deletions": 0, "kind": "directory"}, ""))
+                continue
+            fd = diff_file(op.path, ob, nb, om if ob is not None else None, nm)
+            row = {"path": op.path, "status": fd.status, "additions": fd.additions,
+                   "deletions": fd.deletions}
+            if "symlink" in (ok, nk):
+                row["kind"] = "symlink"
+            out.append((row, fd.text))
+        return out
+
     def _too_big_to_diff(self, op: Op) -> dict[str, Any] | None:
         try:
-            old_size: int | None = os.stat(os.path.join(self.root, op.path)).st_size
+            st = os.lstat(os.path.join(self.root, op.path))
+            old_size: int | None = st.st_size if stat.S_ISREG(st.st_mode) else None
         except OSError:
             old_size = None
         new_size = op.size if op.op == "write" else None

@@ -4,7 +4,7 @@ Records (the payloads of log frames; docs/format.md lists every field)::
 
     begin     {tid, ts, label, timeout_ms, boot, pid}              -> active
     read      {tid, ts, path, sha256}                               active
-    stage     {tid, ts, path, op, via, blob, size, mode, pre}       active
+    stage     {tid, ts, path, op, via, blob, size, mode, pre[, target]}  active
     effect    {tid, ts, n, kind, request, key, compensate}          active
     check     {tid, ts, key, command, options, fingerprint, ...}    active
     savepoint {tid, ts, name}                                       active
@@ -76,21 +76,33 @@ def record_kind(rec: dict[str, Any]) -> str:
     return str(t)
 
 
-class Op:
-    """One staged change of one path. ``blob`` is None for a delete; ``pre`` is the path's
-    content hash when it was first staged in this transaction (None: it did not exist)."""
+# What ``Op.op`` may be. A write puts a regular file (blob, mode); a symlink puts a symbolic
+# link (target); a mkdir an empty directory (mode); a delete removes a file, a link, or an
+# empty directory.
+OP_KINDS = ("write", "delete", "symlink", "mkdir")
+# ``pre`` (and the fingerprints prepare compares it with) names what stood at a path: None for
+# nothing, the sha256 of a regular file's content, DIR_FINGERPRINT for a directory, or
+# "symlink:" + the sha256 of a link's target (storage/hashing.py: node_fingerprint).
+DIR_FINGERPRINT = "dir"
 
-    __slots__ = ("path", "op", "via", "blob", "size", "mode", "pre")
+
+class Op:
+    """One staged change of one path. ``blob`` is None for all but a write; ``pre`` is the
+    fingerprint of what stood at the path when it was first staged in this transaction
+    (None: nothing); ``target`` is a symlink's target."""
+
+    __slots__ = ("path", "op", "via", "blob", "size", "mode", "pre", "target")
 
     def __init__(self, path: str, op: str, via: str, blob: str | None, size: int,
-                 mode: int | None, pre: str | None) -> None:
+                 mode: int | None, pre: str | None, target: str | None = None) -> None:
         self.path = path
-        self.op = op  # "write" | "delete"
-        self.via = via  # what staged it: write | replace | patch | delete | ...
+        self.op = op  # one of OP_KINDS
+        self.via = via  # what staged it: write | replace | patch | delete | exec | ...
         self.blob = blob
         self.size = size
         self.mode = mode
         self.pre = pre
+        self.target = target
 
     def __repr__(self) -> str:
         return f"Op({self.op} {self.path} via {self.via}, blob={self.blob}, pre={self.pre})"
@@ -182,7 +194,7 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryv
         if t == "stage":
             get = rec.get
             tx.ops.append(Op(rec["path"], rec["op"], get("via") or rec["op"], get("blob"),
-                             get("size", 0), get("mode"), get("pre")))
+                             get("size", 0), get("mode"), get("pre"), get("target")))
         elif t == "read":
             tx.reads.append((rec["path"], rec.get("sha256")))
         elif t == "effect":

@@ -24,6 +24,7 @@ MAX_DIFFLIB_CELLS = 2_000_000
 
 MODE_REGULAR = 0o100644
 MODE_EXECUTABLE = 0o100755
+MODE_SYMLINK = 0o120000  # git's mode of a symbolic link, whose content is its target
 NO_NEWLINE = "\\ No newline at end of file\n"
 _C_ESCAPES = {'"': '\\"', "\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
@@ -44,8 +45,9 @@ def diff_file(path: str, old: bytes | None, new: bytes | None, old_mode: int | N
               new_mode: int | None = None) -> FileDiff:
     """The change from ``old`` to ``new`` (None: the file is absent) as a git-style diff.
 
-    Modes may be full st_mode values or permission bits; git knows only 100644 and 100755, so
-    any execute bit means 100755. A mode change is shown only when both modes are given.
+    Modes may be full st_mode values or permission bits; git knows only 100644, 100755 and
+    120000 (a symbolic link: pass S_IFLNK, and the target as content), so any execute bit of
+    a file means 100755. A mode change is shown only when both modes are given.
     """
     if old is None and new is None:
         raise AssertionError(f"diff_file({path!r}): the file is absent on both sides")
@@ -81,6 +83,8 @@ def _mode_lines(status: str, old_mode: int | None, new_mode: int | None) -> list
 
 
 def _git_mode(mode: int | None) -> int:
+    if mode is not None and mode & 0o170000 == 0o120000:  # S_IFLNK
+        return MODE_SYMLINK
     return MODE_EXECUTABLE if mode is not None and mode & 0o111 else MODE_REGULAR
 
 

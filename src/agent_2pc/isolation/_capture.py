@@ -185,7 +185,7 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
                   select: Callable[[str], bool] | None = None) -> Capture:
     """What the commands changed, read from an overlay upper directory."""
     b = _Builder(select)
-    present: set[str] = set()  # every non-directory path the upper dir holds
+    present: set[str] = set()  # every path the upper dir holds
     opaque_dirs: list[str] = []
 
     def whiteout(rel: str) -> None:
@@ -195,6 +195,8 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
         if seen.kind == "dir":
             for f in layer.lower_files(rel, ignore):
                 b.delete(f)
+            for d in layer.lower_empty_dirs(rel, ignore):
+                b.delete(d)
         else:
             b.delete(rel)
 
@@ -231,6 +233,7 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
                     b.delete(rel)  # a file or link replaced by a directory
                 if was_dir and _is_opaque(e.path, fuse):
                     opaque_dirs.append(rel)
+                present.add(rel)
                 inner = walk(rel)
                 if not was_dir and inner == 0:
                     b.add(Change(rel, "mkdir", mode=stat.S_IMODE(st.st_mode)))
@@ -259,11 +262,10 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
     walk("")
     for rel in opaque_dirs:
         for f in layer.lower_files(rel, ignore):
-            if f not in present and not any(p in present for p in _parents(f)):
+            if f not in present:
                 b.delete(f)
+        for d in layer.lower_empty_dirs(rel, ignore):
+            if d != rel and d not in present:
+                b.delete(d)
     return b.finish()
 
-
-def _parents(rel: str) -> list[str]:
-    parts = rel.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]

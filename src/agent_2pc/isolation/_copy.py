@@ -218,7 +218,7 @@ def capture_copy(dest: str, before: dict[str, Entry], layer: Layer, ignore: Igno
             if was is None or was[0] != kind:
                 b.skip(rel, kind)
     for rel, was in before.items():
-        if rel not in after and was[0] != "dir":
-            b.delete(rel)
+        if rel not in after and (was[0] != "dir" or layer.empty_dir(rel)):
+            b.delete(rel)  # a file or link, or a directory that was empty
     b.out.ignored = [rel for rel in ignored if rel not in (".git", ".agent-tx")]
     return b.finish()

@@ -2,8 +2,8 @@
 
 ``Layer`` answers two questions for every tier:
 - how to *build* the changes: as an overlay lower directory (written files as copies of their
-  blobs, deleted files and pruned directories as whiteouts, character devices 0/0), or applied
-  to a copy of the tree;
+  blobs, staged links as links, staged directories with their staged mode, deleted files and
+  pruned directories as whiteouts, character devices 0/0), or applied to a copy of the tree;
 - what the view showed at a path *before* a command ran (``before``, ``lower_files``), which
   capture compares against.
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import stat
 
+from ..core.states import OP_KINDS
 from ..storage.blobs import BlobStore
 
 TYPE_CHECKING = False
@@ -80,19 +81,29 @@ class Layer:
         self.blobs = blobs
         net: dict[str, Op] = {}
         for op in changes:
-            assert op.op in ("write", "delete"), f"unknown op {op.op!r} for {op.path}"
+            assert op.op in OP_KINDS, f"unknown op {op.op!r} for {op.path}"
             net[op.path] = op  # the latest op on a path wins, as in Tx.changes()
         assert len(net) <= CHANGES_MAX
         self.writes: dict[str, tuple[str, int, int]] = {}  # rel -> (digest, mode, size)
+        self.links: dict[str, str] = {}  # rel -> target
+        self.mkdirs: dict[str, int] = {}  # rel -> mode
         self.deletes: set[str] = set()
         for rel, op in net.items():
             if op.op == "write":
                 assert op.blob is not None and blobs is not None, f"write of {rel} has no blob"
                 mode = op.mode if op.mode is not None else self._tree_file_mode(rel)
                 self.writes[rel] = (op.blob, mode, op.size)
+            elif op.op == "symlink":
+                assert op.target is not None, f"symlink {rel} has no target"
+                self.links[rel] = op.target
+            elif op.op == "mkdir":
+                self.mkdirs[rel] = op.mode if op.mode is not None else DIR_MODE_NEW
             else:
                 self.deletes.add(rel)
-        self.write_dirs: set[str] = {d for rel in self.writes for d in parents(rel)}
+        # Directories the view has because of this transaction: the parents of what it puts,
+        # and the directories it makes.
+        self.write_dirs: set[str] = {d for rel in (*self.writes, *self.links, *self.mkdirs)
+                                     for d in parents(rel)} | set(self.mkdirs)
         self.pruned = self._pruned_dirs()
         # Everything that is gone from the view: deleted files and the directories they empty.
         self.gone: set[str] = (self.deletes - self.write_dirs) | self.pruned
@@ -136,15 +147,35 @@ class Layer:
     def is_gone(self, rel: str) -> bool:
         if rel in self.gone:
             return True
-        return any(p in self.gone or p in self.writes for p in parents(rel))
+        return any(p in self.gone or p in self.writes or p in self.links for p in parents(rel))
+
+    def empty_dir(self, rel: str) -> bool:
+        """Did the view show ``rel`` as a directory with nothing in it, not even ignored
+        files? (Removing such a directory is a delete of the directory itself.)"""
+        seen = self.before(rel)
+        if seen is None or seen.kind != "dir":
+            return False
+        prefix = rel + "/"
+        if any(p.startswith(prefix) for p in (*self.writes, *self.links, *self.mkdirs)):
+            return False
+        try:
+            names = os.listdir(os.path.join(self.root, rel))
+        except OSError:
+            return True  # made by this transaction, or gone from the tree meanwhile
+        return all(self.is_gone(f"{rel}/{n}") for n in names)
 
     def before(self, rel: str) -> Seen | None:
         """What the view showed at ``rel`` before any command ran (None: nothing)."""
         w = self.writes.get(rel)
         if w is not None:
             return Seen("file", w[1], w[2], self.blob_path(rel))
+        target = self.links.get(rel)
+        if target is not None:
+            return Seen("symlink", target=target)
         if self.is_gone(rel):
             return None
+        if rel in self.mkdirs:
+            return Seen("dir", self.mkdirs[rel])
         if rel in self.write_dirs:
             full = os.path.join(self.root, rel)
             try:
@@ -177,7 +208,7 @@ class Layer:
         (ignored paths left out), sorted."""
         out: set[str] = set()
         prefix = rel_dir + "/"
-        for rel in self.writes:
+        for rel in (*self.writes, *self.links):
             if rel.startswith(prefix) and not ignore(rel):
                 out.add(rel)
         top = os.path.join(self.root, rel_dir)
@@ -189,13 +220,32 @@ class Layer:
                     r = f"{rel_here}/{d}"
                     if os.path.islink(os.path.join(dirpath, d)):
                         filenames.append(d)  # a symlink to a directory is a leaf
-                    elif r not in self.gone and r not in self.writes and not ignore.match_one(r):
+                    elif r not in self.gone and r not in self.writes and r not in self.links \
+                            and not ignore.match_one(r):
                         keep.append(d)
                 dirnames[:] = keep
                 for f in filenames:
                     r = f"{rel_here}/{f}"
                     if r not in self.gone and not ignore.match_one(r):
                         out.add(r)
+        return sorted(out)
+
+    def lower_empty_dirs(self, rel_dir: str, ignore: Ignore) -> list[str]:
+        """The directories at or below ``rel_dir`` that the view showed empty before any
+        command ran (removing them deletes each; the directories that only held files go
+        with their files' deletes, as in a commit), sorted."""
+        out = {d for d in self.mkdirs
+               if (d == rel_dir or d.startswith(rel_dir + "/")) and self.empty_dir(d)}
+        top = os.path.join(self.root, rel_dir)
+        if os.path.realpath(top) == top and not self.is_gone(rel_dir):
+            for dirpath, dirnames, _ in os.walk(top):
+                rel_here = os.path.relpath(dirpath, self.root)
+                dirnames[:] = [d for d in dirnames
+                               if not os.path.islink(os.path.join(dirpath, d))
+                               and not ignore.match_one(f"{rel_here}/{d}")
+                               and not self.is_gone(f"{rel_here}/{d}")]
+                if not dirnames and self.empty_dir(rel_here):
+                    out.add(rel_here)
         return sorted(out)
 
     # -- building ----------------------------------------------------------------------------
@@ -212,7 +262,8 @@ class Layer:
 
     def _mkdirs(self, dest: str, rel_dir: str, made: set[str]) -> None:
         """Create ``rel_dir`` and its parents in ``dest`` with the tree's modes and owners
-        (the topmost layer's directory is what the view shows)."""
+        (the topmost layer's directory is what the view shows); a directory the transaction
+        makes gets its staged mode."""
         for d in [*parents(rel_dir + "/x")]:
             if d in made:
                 continue
@@ -220,8 +271,13 @@ class Layer:
             try:
                 os.mkdir(path, DIR_MODE_NEW)
             except FileExistsError:
-                pass
+                if not os.path.isdir(path) or os.path.islink(path):
+                    os.unlink(path)  # a file or link of the copy gives way (copy tier)
+                    os.mkdir(path, DIR_MODE_NEW)
             like = self._dir_mode(d)
+            if d in self.mkdirs:
+                like = (self.mkdirs[d], os.geteuid(), os.getegid()) if like is None else (
+                    self.mkdirs[d], like[1], like[2])
             if like is not None:
                 self._match(path, like)
             else:
@@ -263,10 +319,24 @@ class Layer:
             if "/" in rel:
                 self._mkdirs(dest, rel.rpartition("/")[0], made)
             self._copy_blob(rel, os.path.join(dest, rel))
+        self._put_links_and_dirs(dest, made)
         for rel in self.whiteouts():
             if "/" in rel:
                 self._mkdirs(dest, rel.rpartition("/")[0], made)
             os.mknod(os.path.join(dest, rel), stat.S_IFCHR | 0o600, os.makedev(0, 0))
+
+    def _put_links_and_dirs(self, dest: str, made: set[str]) -> None:
+        for rel in sorted(self.mkdirs):
+            self._mkdirs(dest, rel, made)
+        for rel, target in sorted(self.links.items()):
+            if "/" in rel:
+                self._mkdirs(dest, rel.rpartition("/")[0], made)
+            path = os.path.join(dest, rel)
+            try:
+                os.unlink(path)  # the copy tier's file or link at this path gives way
+            except FileNotFoundError:
+                pass
+            os.symlink(target, path)
 
     def apply_to_copy(self, dest: str) -> None:
         """Apply the changes to ``dest``, a copy of the tree (the copy tier)."""
@@ -290,6 +360,7 @@ class Layer:
             except FileNotFoundError:
                 pass
             self._copy_blob(rel, path)
+        self._put_links_and_dirs(dest, made)
 
 
 def _rmtree(path: str) -> None:

@@ -1,21 +1,29 @@
 """The file participant: optimistic checks and synced temp files at prepare, renames at apply.
 
+A transaction's ops put regular files (write), symbolic links (symlink) and empty directories
+(mkdir), and delete files, links and empty directories. What stands at a path is compared by
+fingerprint (core/states.py): a file's sha256, ``symlink:`` + the sha256 of a link's target,
+``dir``; links are never followed.
+
 prepare (under the commit lock, before the decision):
-  1. every changed path still has the content it had when first staged (``pre``), and every
-     recorded read still holds: otherwise vote no (``conflict``) and the other writer's content
-     stays;
+  1. every changed path still holds what it held when first staged (``pre``; a mkdir also
+     accepts a directory that someone else made), and every recorded read still holds:
+     otherwise vote no (``conflict``) and the other writer's content stays;
   2. each written file's blob is read and checked against its hash, then fsynced, and each
      blob directory fsynced once: after this the new content survives a machine crash. The
-     mode each file will get goes into the decision record.
+     mode each file will get goes into the decision record. (A link's target and a
+     directory's mode are in the stage records themselves.)
 apply (after the decision, holding the log lock; also the redo of recovery, so every step is
-  idempotent): deletes first (deepest first; emptied parent directories are removed, as git
-  does), then writes: hard-link the old file as a pre-image (preimages/<tid>.<k>), rename the
-  blob itself over the target (or a synced copy of it, when another live transaction names
-  the same blob), set its mode. Each touched directory is fsynced once at the end, before the
-  end record is written.
-A target that has neither its pre-image nor its new content when a redo reaches it was changed
-by someone outside any transaction after the decision: it is left as it is and reported as
-``diverged`` rather than overwritten.
+  idempotent): deletes first (deepest first; a directory with rmdir; emptied parent
+  directories are removed, as git does), then writes, links and directories in path order: a
+  file or link is hard-linked as a pre-image (preimages/<tid>.<k>); a write renames the blob
+  itself over the target (or a synced copy of it, when another live transaction names the
+  same blob) and sets its mode; a link is made in ``objects/tmp`` and renamed over the target;
+  a directory is made (a file or link standing there gives way). Each touched directory is
+  fsynced once at the end, before the end record is written.
+A target that holds neither what it held at prepare nor what the op puts when a redo reaches
+it was changed by someone outside any transaction after the decision: it is left as it is and
+reported as ``diverged`` rather than overwritten.
 
 Every directory is opened from the root with O_NOFOLLOW, so a symlink planted in the tree after
 staging makes prepare vote no instead of leading a write outside the root.
@@ -28,10 +36,10 @@ import os
 import stat
 
 from .. import crashpoints
-from ..core.states import Op, Tx
+from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
 from ..storage.durable import fsync_fd
-from ..storage.hashing import sha256_fd
+from ..storage.hashing import link_fingerprint, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -42,6 +50,16 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class PathChanged(Exception):
     """A directory on the way to a target is no longer a plain directory."""
+
+
+class ParentNotDir(PathChanged):
+    """A file or a link stands where a directory on the way to a target would be: nothing is
+    at the target, fine when the transaction itself replaces that file or link (``rel_dir``,
+    deleted or made a directory before the target is put)."""
+
+    def __init__(self, rel_dir: str, what: str) -> None:
+        super().__init__(f"{rel_dir} is {what}, not a directory")
+        self.rel_dir = rel_dir
 
 
 class Vote:
@@ -95,6 +113,9 @@ class Dirs:
             fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                mode = os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode
+                raise ParentNotDir(rel_dir, "a symbolic link" if stat.S_ISLNK(mode) else
+                                   "a file") from None
                 raise PathChanged(f"{rel_dir or '.'} is no longer a plain directory") from None
             raise
         self.fds[rel_dir] = fd
@@ -117,10 +138,12 @@ def split(path: str) -> tuple[str, str]:
 
 
 def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
-    """(sha256, mode) of the regular file at ``path``; (None, None) when absent.
+    """(fingerprint, mode) of what stands at ``path``: a regular file's sha256 and mode, a
+    symbolic link's fingerprint or DIR_FINGERPRINT for a directory (mode None); (None, None)
+    when nothing does. Never follows a link.
 
-    Raises PathChanged when something other than a regular file (or a parent that is not a
-    plain directory) stands there.
+    Raises PathChanged when a parent is not a plain directory, or when something else (a fifo,
+    a device) stands there.
     """
     parent, name = split(path)
     try:
@@ -137,10 +160,17 @@ def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
         return None, None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
-            raise PathChanged(f"{path} is now a symbolic link") from None
+            try:
+                return link_fingerprint(os.readlink(name, dir_fd=dfd)), None
+            except FileNotFoundError:
+                return None, None
+            except OSError:
+                raise PathChanged(f"{path} changed while it was read") from None
         raise
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return DIR_FINGERPRINT, None
         if not stat.S_ISREG(st.st_mode):
             raise PathChanged(f"{path} is no longer a regular file")
         digest, _ = sha256_fd(fd)
@@ -149,8 +179,14 @@ def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
         os.close(fd)
 
 
-def _short(digest: str | None) -> str:
-    return "absent" if digest is None else digest[:12]
+def _short(fingerprint: str | None) -> str:
+    if fingerprint is None:
+        return "absent"
+    if fingerprint == DIR_FINGERPRINT:
+        return "a directory"
+    if fingerprint.startswith("symlink:"):
+        return "a symbolic link"
+    return fingerprint[:12]
 
 
 class FileParticipant:
@@ -172,12 +208,20 @@ class FileParticipant:
         try:
             seen: dict[str, str | None] = {}
             modes: dict[str, int | None] = {}
+            # Paths whose file gives way to a directory at apply, before what goes below them.
+            replaced = {op.path for op in changes if op.op in ("delete", "mkdir")}
             for op in changes:
                 try:
                     seen[op.path], modes[op.path] = current(dirs, op.path)
+                except ParentNotDir as exc:
+                    if exc.rel_dir not in replaced:
+                        return Vote.no("conflict", f"{exc}, so {op.path} cannot be there; it "
+                                       "changed since it was staged")
+                    seen[op.path], modes[op.path] = None, None
                 except PathChanged as exc:
                     return Vote.no("conflict", f"{exc}; it changed since it was staged")
-                if seen[op.path] != op.pre:
+                if seen[op.path] != op.pre and not (
+                        op.op == "mkdir" and seen[op.path] == DIR_FINGERPRINT):
                     return Vote.no("conflict", (
                         f"{op.path} changed since it was staged (it was {_short(op.pre)}, now "
                         f"{_short(seen[op.path])}); the other writer's content is kept"))
@@ -193,7 +237,9 @@ class FileParticipant:
                         f"{_short(seen[path])})"))
             writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
             blobs_dev = os.stat(self.blobs.dir).st_dev
-            for _, op in writes:
+            for op in changes:  # writes and links are renamed in from .agent-tx/objects/
+                if op.op not in ("write", "symlink"):
+                    continue
                 if self._device_of(dirs, split(op.path)[0]) != blobs_dev:
                     return Vote.no("cross_device", (
                         f"{op.path} is on another file system than .agent-tx/; an atomic rename "
@@ -224,7 +270,7 @@ class FileParticipant:
         while True:
             try:
                 return os.fstat(dirs.open(probe)).st_dev
-            except (FileNotFoundError, NotADirectoryError):
+            except (FileNotFoundError, NotADirectoryError, ParentNotDir):
                 probe = probe.rpartition("/")[0]
 
     # -- apply (commit) and redo (recover) --------------------------------------------------
@@ -251,7 +297,7 @@ class FileParticipant:
         try:
             deletes = [(k, op) for k, op in enumerate(changes) if op.op == "delete"]
             for k, op in reversed(deletes):  # deepest first: changes are sorted by path
-                cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
+                cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
                 parent, name = split(op.path)
                 if cur is None:  # absent: never there, or deleted by an earlier run
                     if op.pre is not None:
@@ -262,41 +308,80 @@ class FileParticipant:
                     out.diverged.append(op.path)
                     continue
                 dfd = dirs.open(parent)
-                self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                os.unlink(name, dir_fd=dfd)
+                if cur == DIR_FINGERPRINT:
+                    dirs.forget(op.path)
+                    try:
+                        os.rmdir(name, dir_fd=dfd)
+                    except OSError as exc:
+                        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                            raise
+                        out.diverged.append(op.path)  # something was put in it meanwhile
+                        continue
+                else:
+                    self.blobs.keep_preimage(dfd, name, tx.tid, k)
+                    os.unlink(name, dir_fd=dfd)  # a file, or a link itself (never its target)
                 touched.add(parent)
                 out.files.append(op.path)
                 self._prune_empty(dirs, parent, touched)
                 crashpoints.hit("commit.mid_apply")
-            writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
             later_uses: dict[str, int] = {}
-            for _, op in writes:
-                assert op.blob is not None
-                later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
-            for k, op in writes:
-                assert op.blob is not None
-                later_uses[op.blob] -= 1
-                mode = modes.get(k, op.mode if op.mode is not None else 0o644)
-                parent, name = split(op.path)
-                cur = seen[op.path] if seen is not None else self._hash_or_diverged(dirs, op)
-                if seen is None and cur == op.blob:  # put in place by an earlier run
-                    self._ensure_mode(dirs.open(parent), name, mode)
-                    out.files.append(op.path)
+            for op in changes:
+                if op.op == "write":
+                    assert op.blob is not None
+                    later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
+            # Writes, links and directories in path order: a directory before what goes in it.
+            for k, op in enumerate(changes):
+                if op.op == "delete":
                     continue
+                parent, name = split(op.path)
+                cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
+                if op.op == "write":
+                    assert op.blob is not None
+                    later_uses[op.blob] -= 1
+                    mode = modes.get(k, op.mode if op.mode is not None else 0o644)
+                    if seen is None and cur == op.blob:  # put in place by an earlier run
+                        self._ensure_mode(dirs.open(parent), name, mode)
+                        out.files.append(op.path)
+                        continue
+                elif op.op == "symlink":
+                    assert op.target is not None
+                    if cur == link_fingerprint(op.target):  # in place (an earlier run, or pre)
+                        out.files.append(op.path)
+                        continue
+                else:
+                    assert op.op == "mkdir", op
+                    mode = op.mode if op.mode is not None else 0o755
+                    if cur == DIR_FINGERPRINT:  # made by an earlier run, or by someone else
+                        if seen is None:
+                            self._ensure_mode(dirs.open(parent), name, mode)
+                        out.files.append(op.path)
+                        continue
                 if cur != op.pre:
                     out.diverged.append(op.path)
                     continue
                 dfd = dirs.open(parent, create=True)
                 if cur is not None:
                     self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                src = self._source(tx.tid, k, op.blob,
-                                   copy=op.blob in keep or later_uses[op.blob] > 0)
-                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.rename(src, name, dst_dir_fd=dfd)
-                    os.fchmod(fd, mode)
-                finally:
-                    os.close(fd)
+                if op.op == "write":
+                    blob = op.blob
+                    assert blob is not None
+                    src = self._source(tx.tid, k, blob, copy=blob in keep or later_uses[blob] > 0)
+                    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        os.rename(src, name, dst_dir_fd=dfd)
+                        os.fchmod(fd, mode)
+                    finally:
+                        os.close(fd)
+                elif op.op == "symlink":
+                    assert op.target is not None
+                    os.rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
+                else:
+                    if cur is not None:
+                        os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
+                    os.mkdir(name, 0o700, dir_fd=dfd)
+                    self._ensure_mode(dfd, name, mode)
+                    dirs.open(op.path)
+                    touched.add(op.path)  # fsync the new directory's own inode too
                 touched.add(parent)
                 out.files.append(op.path)
                 crashpoints.hit("commit.mid_apply")
@@ -327,6 +412,19 @@ class FileParticipant:
         os.rename(claim + ".part", claim)
         return claim
 
+    def _link_source(self, tid: str, k: int, target: str) -> str:
+        """A symbolic link to ``target`` to rename over the k-th target
+        (``objects/tmp/claim-<tid>-<k>``; an interrupted run's is reused when it is right)."""
+        claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
+        try:
+            os.symlink(target, claim)
+        except FileExistsError:
+            if os.path.islink(claim) and os.readlink(claim) == target:
+                return claim
+            os.unlink(claim)
+            os.symlink(target, claim)
+        return claim
+
     @staticmethod
     def _ensure_mode(dfd: int, name: str, mode: int) -> None:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
@@ -337,8 +435,8 @@ class FileParticipant:
             os.close(fd)
 
     @staticmethod
-    def _hash_or_diverged(dirs: Dirs, op: Op) -> str | None:
-        """The target's hash for a redo; "" when it is something that is not a file."""
+    def _fingerprint(dirs: Dirs, op: Op) -> str | None:
+        """What stands at the target, for a redo; "" when it is something no op puts."""
         try:
             return current(dirs, op.path)[0]
         except PathChanged:

@@ -44,3 +44,9 @@ def sha256_fd(fd: int) -> tuple[str, int]:
         h.update(chunk)
         offset += len(chunk)
     return str(h.hexdigest()), offset
+
+
+def link_fingerprint(target: str) -> str:
+    """What a symbolic link to ``target`` is, as a staged op's ``pre`` and prepare compare it:
+    ``symlink:`` and the sha256 of the target's bytes (core/states.py)."""
+    return "symlink:" + sha256_bytes(os.fsencode(target))

@@ -305,8 +305,9 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "agent_2pc_exec", "Run a command and stage what it writes",
         "Run a program (a code generator, a formatter, a migration, `npm install`) against the "
-        "staged view and stage every file it creates, changes or deletes. Returns {exit_code, "
-        "isolation, captured: [{path, op}], skipped, log, tail}. A command that fails answers "
+        "staged view and stage every file, symlink and empty directory it creates, changes or "
+        "deletes. Returns {exit_code, isolation, captured: [{path, op}], skipped, log, tail}; "
+        "op is write, delete, symlink or mkdir. A command that fails answers "
         "ok:false (command_failed or timeout, with tail) and stages nothing; the transaction "
         "stays active. Errors: isolation_unavailable." + _TID_ERRORS,
         m.ExecIn, (m.ExecOut,),

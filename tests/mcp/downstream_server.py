@@ -20,6 +20,7 @@ Tools
   crash()                 appends its line, then the process dies (exit 3) without answering
   hang()                  appends its line, then never answers
   reject(x)               a JSON-RPC error (invalid params) instead of a result; no effect
+  garbage()               appends its line, then answers something that is not a tool result
 """
 
 from __future__ import annotations
@@ -87,6 +88,7 @@ TOOLS = [
     tool("crash", {}),
     tool("hang", {}),
     tool("reject", {"x": {"type": "integer"}}),
+    tool("garbage", {}),
 ]
 
 
@@ -120,6 +122,9 @@ def call(req_id: object, params: dict) -> None:
     elif name == "hang":
         effect(name, args, meta)
         return  # never answered
+    elif name == "garbage":
+        effect(name, args, meta)
+        result = {"content": "not a list of blocks"}
     elif name == "reject":
         send({"jsonrpc": "2.0", "id": req_id,
               "error": {"code": -32602, "message": "x must be positive"}})

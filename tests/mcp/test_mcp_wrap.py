@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -219,3 +220,77 @@ def test_a_downstream_that_cannot_start_is_a_clear_error(root: str) -> None:
     assert proc.returncode == 2, proc
     obj = json.loads(proc.stdout)
     assert obj["ok"] is False and obj["error"]["code"] == "downstream_unavailable"
+
+
+def _proxy_pid(downstream_pid: int) -> int:
+    """The proxy is the downstream server's parent (it starts it without a shell)."""
+    with open(f"/proc/{downstream_pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_proxy_killed_while_a_call_runs_leaves_it_fenced_and_a_duplicate_never_reruns_it(
+        root: str, tmp_path: Any) -> None:
+    """prepare is durable before the call is forwarded: a SIGKILL of the proxy mid-call leaves
+    the intent running, then fenced when its lease ends, never free."""
+    out = str(tmp_path / "effects.jsonl")
+
+    async def doomed(c: Any) -> None:
+        async def call() -> None:
+            with pytest.raises(MCPError):  # the proxy dies under the call
+                await c.call_tool("hang", {})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(20):
+                while not lines_of(out, "hang"):  # it ran downstream
+                    await anyio.sleep(0.02)
+            os.kill(_proxy_pid(lines_of(out, "hang")[0]["pid"]), signal.SIGKILL)
+
+    session(wrap_params(root, out, "--lease-ttl", "1s"), doomed)
+    with fence_of(root) as fence:
+        assert fence.status()["states"]["running"] == 1
+
+    async def retry(c: Any) -> Any:
+        return await c.call_tool("hang", {})  # waits for the dead proxy's lease, then refused
+
+    err = error(session(wrap_params(root, out), retry), "intent_fenced")["error"]
+    assert "reconcile" in err["message"]
+    assert len(lines_of(out, "hang")) == 1
+
+
+def test_a_proxy_killed_right_after_answering_keeps_the_result_replayable(
+        root: str, tmp_path: Any) -> None:
+    """The commit is made before the answer (its fsync may come later): a SIGKILL just after
+    the answer keeps it, and a duplicate through a new proxy is replayed, not run again."""
+    out = str(tmp_path / "effects.jsonl")
+    fast = {"DOWNSTREAM_SLEEP_S": "0"}
+
+    async def answered_then_killed(c: Any) -> Any:
+        res = await c.call_tool("charge", {"amount": 3})
+        os.kill(_proxy_pid(lines_of(out, "charge")[0]["pid"]), signal.SIGKILL)
+        return res
+
+    first = session(wrap_params(root, out, downstream_env=fast), answered_then_killed)
+    assert first.structured_content == {"charge": 1} and not first.meta
+
+    async def duplicate(c: Any) -> Any:
+        return await c.call_tool("charge", {"amount": 3})
+
+    again = session(wrap_params(root, out, downstream_env=fast), duplicate)
+    assert again.structured_content == {"charge": 1} and again.meta[REPLAYED]["replayed"]
+    assert len(lines_of(out, "charge")) == 1
+
+
+def test_an_answer_that_is_not_a_tool_result_is_an_unknown_outcome(root: str,
+                                                                    tmp_path: Any) -> None:
+    """The raw result is checked before it is recorded: the call ran, its answer is unreadable,
+    so it is fenced rather than recorded or freed."""
+    out = str(tmp_path / "effects.jsonl")
+
+    async def body(c: Any) -> tuple[Any, Any]:
+        return await c.call_tool("garbage", {}), await c.call_tool("garbage", {})
+
+    first, again = session(wrap_params(root, out), body)
+    assert "not a tool result" in error(first, "unknown_outcome")["error"]["message"]
+    error(again, "intent_fenced")
+    assert len(lines_of(out, "garbage")) == 1

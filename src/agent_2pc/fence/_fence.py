@@ -95,8 +95,9 @@ class Fence:
 
     # -- deciding -------------------------------------------------------------------------------
 
-    def _decide(self, intent: str, fn: Callable[[Txn], Decision]) -> Decision:
-        dec = self._store.decide(intent, fn, self._pending)
+    def _decide(self, intent: str, fn: Callable[[Txn], Decision],
+                durable: bool = True) -> Decision:
+        dec = self._store.decide(intent, fn, self._pending, durable)
         if dec.writes:
             self._writes += 1
             if self._writes % SWEEP_EVERY_WRITES == 1:
@@ -134,12 +135,20 @@ class Fence:
             raise answer
         return answer  # type: ignore[no-any-return]
 
-    def commit(self, ticket: Ticket | dict[str, Any] | str, result: Any = None) -> Certificate:
-        """Record the effect's result; returns its certificate. Idempotent for the same result."""
+    def commit(self, ticket: Ticket | dict[str, Any] | str, result: Any = None, *,
+               durable: bool = True) -> Certificate:
+        """Record the effect's result; returns its certificate. Idempotent for the same result.
+
+        ``durable=False``: the record is committed (every reader sees it, a killed process keeps
+        it) but its fsync may wait for the next durable decision or ``sync()``; a power cut
+        before then leaves the intent as it was at prepare -- running, then fenced when the
+        lease expires -- never free. Only for a caller that may lose the replay, not the fence
+        (docs/fence.md, "Deferred commits").
+        """
         t = Ticket.parse(ticket)
         canonical_json("result", result)
         dec = self._decide(t.intent, lambda txn: _commit(
-            txn, t, result, result_ttl_s=self.result_ttl, key=self._key))
+            txn, t, result, result_ttl_s=self.result_ttl, key=self._key), durable)
         if isinstance(dec.outcome, FenceRefusal):
             raise dec.outcome
         return dec.outcome  # type: ignore[no-any-return]
@@ -222,6 +231,15 @@ class Fence:
         summary = self._store.summary(limit)
         return {"store": redact(self.url), "clock": self.clock, "lease_ttl": self.lease_ttl,
                 "result_ttl": self.result_ttl, **summary, "counters": self.counters()}
+
+    @property
+    def needs_sync(self) -> bool:
+        """True while a ``commit(durable=False)`` may still be unsynced."""
+        return self._store.needs_sync
+
+    def sync(self) -> None:
+        """Make every decision committed so far durable (after ``commit(durable=False)``)."""
+        self._store.sync()
 
     def flush(self) -> None:
         """Write this instance's pending counts to the store."""

@@ -58,7 +58,7 @@ class MemoryStore(Store):
         return now, self._entries.get(intent)
 
     def decide(self, intent: str, fn: Callable[[Txn], Decision],
-               counters: CounterBuffer) -> Decision:
+               counters: CounterBuffer, durable: bool = True) -> Decision:
         with self._lock:
             dec = fn(_MemoryTxn(self, self._clock(), self._entries.get(intent)))
             if dec.entry is not None:

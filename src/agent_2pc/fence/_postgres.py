@@ -270,7 +270,10 @@ class PostgresStore(Store):
         return now, (entry_from_row(row[1:], json.loads) if row[1] is not None else None)
 
     def decide(self, intent: str, fn: Callable[[Txn], Decision],
-               counters: CounterBuffer) -> Decision:
+               counters: CounterBuffer, durable: bool = True) -> Decision:
+        # Every decision is a durable commit here: ``durable=False`` is not taken up (a
+        # ``synchronous_commit = off`` commit would be the equivalent; the network round trips
+        # dominate a Postgres decision anyway).
         for attempt in range(RETRIES_MAX):
             try:
                 return self._decide_once(intent, fn, counters)

@@ -7,6 +7,13 @@ checks and claims are atomic across any number of domains. Snapshots are plain r
 mode neither wait for nor block the writer; that is why a storm of replays scales across
 processes. Lock waits are bounded by ``busy_timeout``. The clock is the host's (time.time()).
 
+``decide(..., durable=False)`` commits with ``synchronous=NORMAL`` for that one transaction: its
+WAL frames are written (every reader sees the decision, a killed process keeps it) but not
+fsynced. The WAL is a single append-only file, so durability stays in commit order: the next
+``synchronous=FULL`` commit of any connection, a checkpoint, or ``sync()`` (an fsync of the
+``-wal`` file) makes it durable with everything before it. A power cut before then loses this
+decision and only what was committed after it, never an earlier one.
+
 Schema (version 1, ``PRAGMA user_version``)::
 
     fence_entries(intent PK, fingerprint, state, generation, token, lease_id, lease_expires_at,
@@ -135,6 +142,9 @@ class SqliteStore(Store):
         self._all: list[sqlite3.Connection] = []
         self._all_lock = _thread.allocate_lock()
         self._closed = False
+        self._deferred = 0      # durable=False commits made (under _all_lock) ...
+        self._synced = 0        # ... and how many of them are known to be synced
+        self._dir_synced = False
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             raise UsageError(f"no directory {parent} for the fence store {url}")
@@ -201,8 +211,55 @@ class SqliteStore(Store):
         return now, (entry_from_row(row, json.loads) if row else None)
 
     def decide(self, intent: str, fn: Callable[[Txn], Decision],
-               counters: CounterBuffer) -> Decision:
+               counters: CounterBuffer, durable: bool = True) -> Decision:
         conn = self._conn()
+        if durable:
+            # Every deferred commit finished before this BEGIN is in the WAL ahead of this
+            # transaction: this commit's fsync covers it.
+            mark = self._deferred
+            dec = self._decide(conn, intent, fn, counters)
+            if dec.writes and mark > self._synced:
+                with self._all_lock:
+                    self._synced = max(self._synced, mark)
+            return dec
+        conn.execute("PRAGMA synchronous = NORMAL")
+        try:
+            dec = self._decide(conn, intent, fn, counters)
+        finally:
+            conn.execute("PRAGMA synchronous = FULL")
+        if dec.writes:
+            with self._all_lock:
+                self._deferred += 1
+        return dec
+
+    @property
+    def needs_sync(self) -> bool:
+        return self._deferred > self._synced
+
+    def sync(self) -> None:
+        """fsync the WAL: every decision committed so far (deferred ones too) is durable."""
+        mark = self._deferred
+        if mark <= self._synced:
+            return
+        try:
+            fd = os.open(self.path + "-wal", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1  # the last connection closed: its checkpoint synced the database
+        if fd >= 0:
+            from ..storage.durable import fsync_dir, fsync_fd
+
+            try:
+                fsync_fd(fd)  # an fsync failure raises FsyncFailed: fatal, as everywhere
+            finally:
+                os.close(fd)
+            if not self._dir_synced:  # SQLite's own first sync of a new WAL does this too
+                fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+                self._dir_synced = True
+        with self._all_lock:
+            self._synced = max(self._synced, mark)
+
+    def _decide(self, conn: sqlite3.Connection, intent: str, fn: Callable[[Txn], Decision],
+                counters: CounterBuffer) -> Decision:
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
@@ -307,6 +364,8 @@ class SqliteStore(Store):
             raise
 
     def close(self) -> None:
+        if not self._closed and self.needs_sync:
+            self.sync()  # another process may keep the WAL open (and unsynced) after us
         self._closed = True
         with self._all_lock:
             conns, self._all = self._all, []

@@ -28,6 +28,17 @@ Contract, per method:
     Postgres: a committed transaction). Lock waits are bounded: a decide that cannot get its
     locks in time raises Busy; a connection that fails while committing raises UnknownOutcome.
 
+``decide(intent, fn, counters, durable=False)``
+    The same decision, committed and visible to every reader (and kept by a process crash),
+    whose durability against a power cut may wait for the next ``sync()`` or durable decide.
+    Stores must keep durability *in commit order*: once any later decision is durable, this one
+    is too (SQLite: the WAL is one append-only file, and every fsync covers all of it). A store
+    may ignore the flag and make every decision durable (memory, Postgres).
+
+``sync()``
+    Makes every decision committed so far durable; a no-op when there is nothing to sync.
+    ``needs_sync`` says whether a ``durable=False`` decision may still be unsynced. Any thread.
+
 ``get(intent) -> Entry | None`` and ``now() -> float``
     Plain reads.
 
@@ -110,7 +121,14 @@ class Store(ABC):
 
     @abstractmethod
     def decide(self, intent: str, fn: Callable[[Txn], Decision],
-               counters: CounterBuffer) -> Decision: ...
+               counters: CounterBuffer, durable: bool = True) -> Decision: ...
+
+    @property
+    def needs_sync(self) -> bool:
+        return False
+
+    def sync(self) -> None:  # noqa: B027 -- a store that never defers has nothing to do
+        """Every decision committed so far is durable."""
 
     @abstractmethod
     def get(self, intent: str) -> Entry | None: ...

@@ -164,6 +164,12 @@ class EffectRequest(Record):
                          parent, normalize_clock(known_clock), fp)
 
     def replace(self, **changes: Any) -> "EffectRequest":
+        if set(changes) == {"intent"}:  # the fingerprint does not depend on the intent
+            intent = changes["intent"]
+            _name("intent", intent)
+            if self.parent == intent:
+                raise UsageError("an intent cannot be its own parent")
+            return Record.replace(self, intent=intent)
         fields = {f: getattr(self, f) for f in self.__slots__ if f != "fingerprint"}
         fields.update(changes)
         return EffectRequest(**fields)

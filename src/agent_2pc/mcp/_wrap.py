@@ -34,6 +34,15 @@ listing is forwarded page by page) and forwards every call. A tool whose annotat
 The downstream server runs as a child process with the proxy's environment and working directory;
 a supervisor task owns its transport and starts it again when it dies (at most RESTARTS_MAX times
 in a row without a successful call in between). Only tools are proxied (not resources or prompts).
+
+The hot path (docs/mcp.md, "Figures"): the SDK's client does the handshake and the listing, but
+``tools/call`` goes out as raw JSON-RPC on the same transport, with ids of our own that the relay
+takes off before the SDK's session sees them (``_Raw``), and the result travels as the dict it
+came as -- checked once to be a tool result, recorded as it is, and handed to the SDK's server,
+which shapes it for the client's protocol version. A local store's decisions run on the event
+loop's thread. The commit is made before the answer but not fsynced (``commit(durable=False)``,
+docs/fence.md "Deferred commits"); ``Proxy.syncer`` fsyncs it a few milliseconds later, off the
+call's path, unless a later durable decision (the next prepare) already did.
 """
 
 from __future__ import annotations
@@ -55,6 +64,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from ..errors import Agent2PCError, FenceRefusal, UsageError, WorkspaceError
@@ -73,6 +83,9 @@ START_TIMEOUT_S = 60.0        # the downstream server must answer initialize wit
 RESTARTS_MAX = 5              # restarts in a row (no successful call between) before giving up
 RESTART_BACKOFF_S = 0.2
 LIST_PAGES_MAX = 100          # tools/list pages walked to find a tool's annotations
+RAW_ID_PREFIX = "agent-2pc-wrap-"  # ids of the calls forwarded past the SDK's client session
+CANCEL_WRITE_S_MAX = 2.0      # the courtesy cancel of an abandoned call is written within this
+SYNC_DELAY_S = 0.005          # a deferred commit is fsynced this long after it is made, at most
 # JSON-RPC errors that say the request was refused before the tool ran.
 REJECTED_CODES = frozenset({types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND,
                             types.INVALID_PARAMS})
@@ -87,22 +100,116 @@ class DownstreamUnavailable(Exception):
     """The downstream server is not running and could not be started."""
 
 
+class _Raw:
+    """``tools/call`` forwarded as raw JSON-RPC on the downstream transport, past the SDK's client
+    session (its dispatcher, its memory streams and its result models cost about as much as the
+    rest of the proxy). Our requests carry string ids with RAW_ID_PREFIX, which the SDK's own
+    integer ids never collide with; the relay hands their answers here (``take``). Like the
+    SDK's ``send_request``: a timeout or a cancellation by the caller sends the server a
+    ``notifications/cancelled`` for the request, and the end of the transport fails every call
+    in flight with CONNECTION_CLOSED."""
+
+    def __init__(self, on_eof: Any) -> None:
+        self.write: Any = None  # the transport's write stream, once it is up
+        self.closed = False
+        self._pending: dict[str, Any] = {}
+        self._n = 0
+        self._on_eof = on_eof
+
+    def take(self, item: Any) -> bool:
+        """Deliver an answer to one of our calls; False for anything else (the SDK's)."""
+        msg = item.message if isinstance(item, SessionMessage) else None
+        if isinstance(msg, (types.JSONRPCResponse, types.JSONRPCError)) \
+                and isinstance(msg.id, str):
+            send = self._pending.pop(msg.id, None)
+            if send is not None:
+                send.send_nowait(msg)  # buffer 1, one answer per id: never blocks
+                return True
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        for send in self._pending.values():
+            send.close()  # the waiting call gets EndOfStream: CONNECTION_CLOSED
+        self._pending.clear()
+        self._on_eof()
+
+    async def call(self, params: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
+        """The result of ``tools/call`` with ``params``, as the server sent it; raises MCPError
+        for a JSON-RPC error, a timeout (REQUEST_TIMEOUT) or a dead transport."""
+        if self.closed or self.write is None:
+            raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed")
+        self._n += 1
+        rid = f"{RAW_ID_PREFIX}{self._n}"
+        send, receive = anyio.create_memory_object_stream[Any](1)
+        self._pending[rid] = send
+        request = SessionMessage(types.JSONRPCRequest(jsonrpc="2.0", id=rid, method="tools/call",
+                                                      params=params))
+        started = False
+        try:
+            with receive:
+                await anyio.lowlevel.checkpoint_if_cancelled()
+                started = True  # a write cut short by a cancellation may still have gone out
+                try:
+                    await self.write.send(request)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    raise MCPError(code=types.CONNECTION_CLOSED,
+                                   message="Connection closed") from None
+                msg: Any = None
+                with anyio.move_on_after(math.inf if timeout_s is None else timeout_s):
+                    try:
+                        msg = await receive.receive()
+                    except anyio.EndOfStream:
+                        raise MCPError(code=types.CONNECTION_CLOSED,
+                                       message="Connection closed") from None
+                if msg is None:
+                    await self._cancel(rid, f"timed out after {timeout_s:g} s")
+                    raise MCPError(code=types.REQUEST_TIMEOUT,
+                                   message="Request 'tools/call' timed out")
+        except anyio.get_cancelled_exc_class():
+            if started:
+                with anyio.CancelScope(shield=True):
+                    await self._cancel(rid, "caller cancelled")
+            raise
+        finally:
+            self._pending.pop(rid, None)
+            send.close()
+        if isinstance(msg, types.JSONRPCError):
+            raise MCPError(code=msg.error.code, message=msg.error.message, data=msg.error.data)
+        result: dict[str, Any] = msg.result
+        return result
+
+    async def _cancel(self, rid: str, reason: str) -> None:
+        """Tell the server we stopped waiting for ``rid`` (best effort, bounded)."""
+        note = SessionMessage(types.JSONRPCNotification(
+            jsonrpc="2.0", method="notifications/cancelled",
+            params={"requestId": rid, "reason": reason}))
+        with anyio.move_on_after(CANCEL_WRITE_S_MAX):
+            try:
+                await self.write.send(note)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                pass
+
+
 @asynccontextmanager
-async def _watched(params: StdioServerParameters, on_eof: Any) -> AsyncIterator[Any]:
-    """stdio_client, plus a relay that tells us when the server's stdout ends (it died), so
-    that a call made after a death is not sent into a closed pipe and taken for unknown."""
+async def _watched(params: StdioServerParameters, raw: _Raw) -> AsyncIterator[Any]:
+    """stdio_client, plus a relay that takes the answers to raw calls off the stream and tells
+    us when the server's stdout ends (it died), so that a call made after a death is not sent
+    into a closed pipe and taken for unknown."""
     async with stdio_client(params) as (read_stream, write_stream):
         send, receive = anyio.create_memory_object_stream[Any](0)
+        raw.write = write_stream
 
         async def relay() -> None:
             try:
                 async with send:
                     async for item in read_stream:
-                        await send.send(item)
+                        if not raw.take(item):
+                            await send.send(item)
             except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                 pass
             finally:
-                on_eof()
+                raw.close()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(relay)
@@ -122,6 +229,7 @@ class Downstream:
         self.argv = argv
         self.call_timeout_s = call_timeout_s
         self.client: Client | None = None
+        self.raw: _Raw | None = None  # the running transport's raw calls (with ``client``)
         self.info: types.Implementation | None = None
         self.instructions: str | None = None
         self.error: BaseException | None = None
@@ -148,11 +256,12 @@ class Downstream:
             # The deadline bounds the start only; it is lifted once the handshake is done.
             with anyio.CancelScope(deadline=anyio.current_time() + START_TIMEOUT_S) as scope:
                 try:
-                    async with Client(_watched(self.params, self.mark_dead), mode="legacy",
+                    raw = _Raw(self.mark_dead)
+                    async with Client(_watched(self.params, raw), mode="legacy",
                                       cache=None) as client:
                         scope.deadline = math.inf
                         up = True
-                        self.client, self.error = client, None
+                        self.client, self.raw, self.error = client, raw, None
                         self.info, self.instructions = client.server_info, client.instructions
                         self._announce()
                         if not started:
@@ -181,13 +290,13 @@ class Downstream:
             self._announce()
             await anyio.sleep(RESTART_BACKOFF_S * self.failures)
 
-    async def get(self) -> Client:
-        """The running client, waiting for a restart in progress."""
+    async def get(self) -> tuple[Client, _Raw]:
+        """The running client and its raw calls, waiting for a restart in progress."""
         with anyio.move_on_after(START_TIMEOUT_S + RESTART_BACKOFF_S * (RESTARTS_MAX + 1)):
             while True:
-                client = self.client
-                if client is not None and not self._dead.is_set():
-                    return client
+                client, raw = self.client, self.raw
+                if client is not None and raw is not None and not self._dead.is_set():
+                    return client, raw
                 if self._closing:
                     break
                 await self._changed.wait()
@@ -195,25 +304,27 @@ class Downstream:
                                     + (f" ({self.error})" if self.error else ""))
 
     async def list_tools(self, cursor: str | None) -> types.ListToolsResult:
-        client = await self.get()
+        client, _ = await self.get()
         return await client.session.list_tools(
             params=types.PaginatedRequestParams(cursor=cursor))
 
     async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None
-                   ) -> types.CallToolResult:
-        """Forward one call; the result is not checked against the tool's schema (the effect
-        happened either way, and the upstream client checks it)."""
-        client = await self.get()
-        request = types.CallToolRequest(params=types.CallToolRequestParams(
-            name=name, arguments=arguments, _meta=meta or None))  # type: ignore[arg-type]
+                   ) -> dict[str, Any]:
+        """Forward one call; its result as sent (ValidationError when it is not a tool result).
+        It is not checked against the tool's output schema (the effect happened either way,
+        and the upstream client checks it)."""
+        _, raw = await self.get()
+        params: dict[str, Any] = {"name": name, "arguments": arguments}
+        if meta:
+            params["_meta"] = meta
         try:
-            result = await client.session.send_request(
-                request, types.CallToolResult, request_read_timeout_seconds=self.call_timeout_s)
+            result = await raw.call(params, self.call_timeout_s)
         except MCPError as exc:
             if exc.error.code == types.CONNECTION_CLOSED:
                 self.mark_dead()
             raise
         self.failures = 0
+        types.CallToolResult.model_validate(result)  # a tool result, or ValidationError
         return result
 
 
@@ -238,14 +349,14 @@ class Proxy:
         self.tools: dict[str, types.Tool] = {}
         self._waiters: dict[str, anyio.Event] = {}
         self._leases: dict[str, Any] = {}  # intent -> ticket of the calls running downstream
-        # A local store's decision (SQLite: ~0.3 ms, its lock waits bounded by a 10 s busy
+        self._sync_wanted = anyio.Event()
+        # A local store's decision (SQLite: ~0.2 ms, its lock waits bounded by a 10 s busy
         # timeout) costs about what a hop to a worker thread costs, so it runs on the event
         # loop; a remote store's (Postgres: network round trips) runs in a worker thread.
         self._inline = str(getattr(fence, "url", "")).startswith(("sqlite:", "memory:"))
 
     async def _store(self, fn: Any, *args: Any) -> Any:
         if self._inline:
-            await anyio.lowlevel.checkpoint()
             return fn(*args)
         return await anyio.to_thread.run_sync(fn, *args)
 
@@ -275,7 +386,10 @@ class Proxy:
 
     # -- calls -------------------------------------------------------------------------------
 
-    async def call(self, params: types.CallToolRequestParams) -> types.CallToolResult:
+    async def call(self, params: types.CallToolRequestParams
+                   ) -> types.CallToolResult | dict[str, Any]:
+        """The answer to one ``tools/call``: the downstream's result as it came (a dict), or a
+        coded result of the proxy's own."""
         name = params.name
         args = dict(params.arguments or {})
         meta = dict(params.meta or {})
@@ -301,7 +415,7 @@ class Proxy:
             return _results.coded("downstream_unavailable", str(exc))
 
     async def _forward(self, name: str, args: dict[str, Any], meta: dict[str, Any]
-                       ) -> types.CallToolResult:
+                       ) -> types.CallToolResult | dict[str, Any]:
         try:
             return await self.ds.call(name, args, meta)
         except DownstreamUnavailable as exc:
@@ -312,7 +426,7 @@ class Proxy:
                                                            f"result: {exc}")
 
     async def _fenced(self, name: str, args: dict[str, Any], meta: dict[str, Any],
-                      key: str | None) -> types.CallToolResult:
+                      key: str | None) -> types.CallToolResult | dict[str, Any]:
         intent = key or ""
         try:
             # The request's fingerprint is SHA-256 of the canonical (tool, domain, args): the
@@ -362,17 +476,32 @@ class Proxy:
         return bool(entry is not None and entry.state == "done"
                     and now - entry.updated_at > self.window_s)
 
-    def _replay(self, adm: Replay) -> types.CallToolResult:
+    def _replay(self, adm: Replay) -> types.CallToolResult | dict[str, Any]:
         recorded = adm.cert.result
         try:
-            result = types.CallToolResult.model_validate(recorded)
+            types.CallToolResult.model_validate(recorded)
         except ValidationError:
             return _results.coded("bad_downstream_result", "the recorded result of this call "
                                                            "is not a tool result",
                                   intent=adm.cert.intent)
-        meta = dict(result.meta or {})
+        result = dict(recorded)
+        meta = result.get("_meta")
+        meta = dict(meta) if isinstance(meta, dict) else {}
         meta[META_KEY] = {"replayed": True, "intent": adm.cert.intent}
-        return result.model_copy(update={"meta": meta})
+        result["_meta"] = meta
+        return result
+
+    async def syncer(self) -> None:
+        """Makes the deferred commits durable, SYNC_DELAY_S after one is made (the client has
+        its answer by then), in a worker thread: an fsync can take milliseconds. Nothing to
+        do when a durable decision (the next prepare, a heartbeat) came first. An fsync
+        failure ends the proxy (FsyncFailed), as everywhere in agent-2pc."""
+        while True:
+            await self._sync_wanted.wait()
+            self._sync_wanted = anyio.Event()
+            await anyio.sleep(SYNC_DELAY_S)
+            if self.fence.needs_sync:
+                await anyio.to_thread.run_sync(self.fence.sync)
 
     async def heartbeat(self) -> None:
         """One task renews the leases of every call running downstream, every third of the
@@ -399,11 +528,11 @@ class Proxy:
                     f"{exc.message}")
 
     async def _run(self, adm: Fresh, name: str, args: dict[str, Any], meta: dict[str, Any]
-                   ) -> types.CallToolResult:
+                   ) -> types.CallToolResult | dict[str, Any]:
         ticket = adm.ticket
         done = self._waiters[ticket.intent] = anyio.Event()
         self._leases[ticket.intent] = ticket
-        result: types.CallToolResult | None = None
+        result: dict[str, Any] | None = None
         failure: BaseException | None = None
         try:
             try:
@@ -417,7 +546,7 @@ class Proxy:
                 raise
             self._leases.pop(ticket.intent, None)
             if result is not None:
-                if result.is_error:
+                if result.get("isError"):
                     await self._end(self.fence.abort, ticket, "the tool answered isError",
                                     "failed")
                 else:
@@ -430,14 +559,24 @@ class Proxy:
             del self._waiters[ticket.intent]
             done.set()
 
-    def _commit(self, ticket: Any, result: types.CallToolResult) -> None:
-        recorded = result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    def _commit(self, ticket: Any, result: dict[str, Any]) -> None:
+        """Record the result before it is answered, without waiting for its fsync.
+
+        Why that is safe: prepare was durable before the call went downstream, so whatever a
+        crash loses, the intent is at least *running*, and a running intent whose lease ends
+        is fenced, never free. A killed proxy loses nothing (the commit is in the WAL, in the
+        OS's hands); a power cut within SYNC_DELAY_S of the commit may lose it, and then a
+        duplicate gets ``intent_fenced`` instead of the replay, until ``fence reconcile``. The
+        call is never run twice. The WAL keeps commits in order, so every later durable
+        decision (the next prepare) makes this one durable too; ``syncer`` does it otherwise.
+        """
         try:
-            self.fence.commit(ticket, recorded)
+            self.fence.commit(ticket, result, durable=False)
         except UsageError:  # too big (or not canonical) to keep: keep that it was done
             stub = {"content": [{"type": "text", "text": "(the call was made once already; its "
                                  "result was too large to record)"}], "isError": False}
-            self.fence.commit(ticket, stub)
+            self.fence.commit(ticket, stub, durable=False)
+        self._sync_wanted.set()
 
     async def _failed(self, ticket: Any, exc: BaseException) -> types.CallToolResult:
         """The call raised: a rejection frees the intent, anything else fences it."""
@@ -485,6 +624,7 @@ async def _serve(argv: list[str], fence: Any, window_s: float, lease_ttl_s: floa
         await tg.start(downstream.supervise)
         proxy = Proxy(downstream, fence, window_s, lease_ttl_s)
         tg.start_soon(proxy.heartbeat)
+        tg.start_soon(proxy.syncer)
 
         async def list_tools(ctx: Any, params: types.PaginatedRequestParams | None
                              ) -> types.ListToolsResult:
@@ -493,8 +633,9 @@ async def _serve(argv: list[str], fence: Any, window_s: float, lease_ttl_s: floa
             except DownstreamUnavailable as exc:
                 raise MCPError(code=types.INTERNAL_ERROR, message=str(exc)) from None
 
-        async def call_tool(ctx: Any, params: types.CallToolRequestParams
-                            ) -> types.CallToolResult:
+        async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+            # A dict result is the downstream's, as it came: the SDK's server validates it
+            # against the client's protocol version and writes it (one validation, not three).
             try:
                 return await proxy.call(params)
             except MCPError:

@@ -49,7 +49,7 @@ from ..participants.fs import FileParticipant, Vote
 from ..storage import history
 from ..storage.blobs import BlobStore
 from ..storage.locks import FileLock, byte_for
-from ..storage.log import Batch, Log
+from ..storage.log import Batch, Log, PausedGc
 from ..storage.pids import pid_alive
 from ..storage.scratch import discard, sweep_in_background
 from ..storage.workspace import Layout, is_workspace
@@ -134,8 +134,9 @@ class Engine(Staging, Runs):
         if batch.reset:
             self.txs = {}
         try:
+            txs = self.txs
             for rec, frame in zip(batch.records, batch.frames, strict=True):
-                apply_record(self.txs, rec, frame)
+                apply_record(txs, rec, frame)
         except IllegalTransition as exc:
             raise CorruptWal(f"{self.layout.wal}: {exc}", path=self.layout.wal,
                              tid=exc.tid) from None
@@ -144,7 +145,7 @@ class Engine(Staging, Runs):
                              path=self.layout.wal) from None
 
     def _refresh(self) -> None:
-        with self._mutex:
+        with self._mutex, PausedGc():
             self._absorb(self.log.read())
 
     def _append(self, records: list[dict[str, Any]], *, sync: bool = False) -> None:

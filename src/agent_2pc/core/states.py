@@ -179,11 +179,15 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryv
     record's bytes on disk, kept with the transaction so compaction can copy them."""
     tid = rec["tid"]
     t = rec["type"]
-    kind = t if t != "decision" and t != "end" else record_kind(rec)
     tx = txs.get(tid)
-    after = TRANSITIONS.get((kind, tx.state if tx is not None else None))
-    if after is None:
-        raise IllegalTransition(tid, kind, tx.state if tx is not None else None)
+    if t == "stage" and tx is not None and tx.state == ACTIVE:
+        after = ACTIVE  # TRANSITIONS[("stage", ACTIVE)], most of any log: no lookup
+    else:
+        kind = t if t != "decision" and t != "end" else record_kind(rec)
+        found = TRANSITIONS.get((kind, tx.state if tx is not None else None))
+        if found is None:
+            raise IllegalTransition(tid, kind, tx.state if tx is not None else None)
+        after = found
     if t == "begin":
         tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
                 timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))

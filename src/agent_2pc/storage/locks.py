@@ -29,6 +29,7 @@ _BACKOFF_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005)
 # off_t l_len, pid_t l_pid (0 for OFD locks), padded to 32 bytes.
 _FLOCK = struct.Struct("hh4xqqi4x")
 _RANGE_OFFSET_MAX = (1 << 62) - 1
+_FLOCK_TAKE = fcntl.LOCK_EX | fcntl.LOCK_NB
 
 
 def byte_for(name: str) -> int:
@@ -56,7 +57,7 @@ class FileLock:
     def _lock(self, fd: int, take: bool) -> None:
         """Take (without waiting: BlockingIOError when it is held) or drop the lock on ``fd``."""
         if self.offset is None:
-            fcntl.flock(fd, (fcntl.LOCK_EX | fcntl.LOCK_NB) if take else fcntl.LOCK_UN)
+            fcntl.flock(fd, _FLOCK_TAKE if take else fcntl.LOCK_UN)
             return
         kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
         try:
@@ -74,9 +75,13 @@ class FileLock:
             self._depth += 1
             return True
         try:
-            if self._fd is None:  # kept open between holds: an open costs more than a lock
-                self._fd = self._open()
-            self._lock(self._fd, True)
+            fd = self._fd
+            if fd is None:  # kept open between holds: an open costs more than a lock
+                fd = self._fd = self._open()
+            if self.offset is None:  # flock, inline: the log lock is taken around every append
+                fcntl.flock(fd, _FLOCK_TAKE)
+            else:
+                self._lock(fd, True)
         except BlockingIOError:
             self._mutex.release()
             return False
@@ -108,7 +113,10 @@ class FileLock:
         self._depth -= 1
         if self._depth == 0:
             assert self._fd is not None
-            self._lock(self._fd, False)
+            if self.offset is None:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+            else:
+                self._lock(self._fd, False)
         self._mutex.release()
 
     def close(self) -> None:

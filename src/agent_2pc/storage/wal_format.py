@@ -40,18 +40,17 @@ def _not_json(obj: Any) -> Any:
 # The C encoder, built once: JSONEncoder.encode builds a new one for every call, which is a
 # third of the cost of a log append here. No circular-reference check (records are trees),
 # compact separators, UTF-8 text (not \u escapes), NaN refused. Same bytes as json.dumps.
+# ``_chunks(record, 0)`` gives the text in pieces; encode() calls it directly (a log append is
+# dear enough that a Python call less shows).
 _c_make = getattr(json.encoder, "c_make_encoder", None)
 if _c_make is not None:
-    _c_encoder = _c_make(None, _not_json, json.encoder.encode_basestring, None, ":", ",",
-                         False, False, False)
-
-    def _dumps(record: dict[str, Any]) -> str:
-        return "".join(_c_encoder(record, 0))
+    _chunks = _c_make(None, _not_json, json.encoder.encode_basestring, None, ":", ",",
+                      False, False, False)
 else:  # pragma: no cover - an interpreter without the C accelerator
     _py_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
-    def _dumps(record: dict[str, Any]) -> str:
-        return _py_encoder.encode(record)
+    def _chunks(record: dict[str, Any], _level: int) -> list[str]:
+        return [_py_encoder.encode(record)]
 
 
 class Damage:
@@ -79,7 +78,7 @@ class Decoded:
 def encode(record: dict[str, Any]) -> bytes:
     """One frame for ``record`` (which must have type, tid and ts)."""
     assert "type" in record and "tid" in record and "ts" in record, record
-    payload = _dumps(record).encode("utf-8")
+    payload = "".join(_chunks(record, 0)).encode("utf-8")
     assert len(payload) <= PAYLOAD_SIZE_MAX, len(payload)
     return HEADER.pack(MAGIC, VERSION, len(payload), zlib.crc32(payload)) + payload
 

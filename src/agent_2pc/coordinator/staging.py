@@ -64,16 +64,22 @@ class Staging:
 
     def _tree_fd(self, rel: str) -> int | None:
         """An open descriptor of the regular file at ``rel``; None when absent."""
+        opened = self._tree_open(rel)
+        return None if opened is None else opened[0]
+
+    def _tree_open(self, rel: str) -> tuple[int, os.stat_result] | None:
+        """The regular file at ``rel``, open, and its fstat; None when absent."""
         try:
             fd = os.open(os.path.join(self.root, rel), os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except IsADirectoryError:
             raise NotAFile(f"{rel} is a directory", path=rel) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             os.close(fd)
             raise NotAFile(f"{rel} is not a regular file", path=rel)
-        return fd
+        return fd, st
 
     def _tree_read(self, rel: str) -> bytes | None:
         fd = self._tree_fd(rel)
@@ -86,11 +92,12 @@ class Staging:
             os.close(fd)
 
     def _tree_digest(self, rel: str) -> tuple[str | None, int | None]:
-        fd = self._tree_fd(rel)
-        if fd is None:
+        opened = self._tree_open(rel)
+        if opened is None:
             return None, None
+        fd, st = opened
         try:
-            return sha256_fd(fd)[0], stat.S_IMODE(os.fstat(fd).st_mode)
+            return sha256_fd(fd, st.st_size)[0], stat.S_IMODE(st.st_mode)
         finally:
             os.close(fd)
 

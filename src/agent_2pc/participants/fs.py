@@ -173,7 +173,7 @@ def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
             return DIR_FINGERPRINT, None
         if not stat.S_ISREG(st.st_mode):
             raise PathChanged(f"{path} is no longer a regular file")
-        digest, _ = sha256_fd(fd)
+        digest, _ = sha256_fd(fd, st.st_size)
         return digest, stat.S_IMODE(st.st_mode)
     finally:
         os.close(fd)

@@ -32,17 +32,28 @@ def sha256_bytes(data: bytes | memoryview) -> str:
     return str(h.hexdigest())
 
 
-def sha256_fd(fd: int) -> tuple[str, int]:
-    """Hash an open file from its start; return (hex digest, size)."""
-    size = os.fstat(fd).st_size
+def sha256_fd(fd: int, size_hint: int | None = None) -> tuple[str, int]:
+    """Hash an open regular file from its start; return (hex digest, size). ``size_hint``: its
+    size from an fstat the caller made (saves one).
+
+    Each read asks for what is left of the size plus one byte (a short read then tells the
+    end, with no second read), at most CHUNK: a 1 MiB read buffer for a 12-byte file costs
+    an mmap and an munmap, ~13 µs, where the file's read costs 0.4 µs. A file that grew since
+    the fstat is read on to its end.
+    """
+    size = os.fstat(fd).st_size if size_hint is None else size_hint
     h = hasher(size)
     offset = 0
     while True:
-        chunk = os.pread(fd, CHUNK, offset)
+        left = size - offset
+        want = left + 1 if 0 <= left < CHUNK else CHUNK
+        chunk = os.pread(fd, want, offset)
         if not chunk:
             break
         h.update(chunk)
         offset += len(chunk)
+        if len(chunk) < want:
+            break  # a short read of a regular file is its end
     return str(h.hexdigest()), offset
 
 

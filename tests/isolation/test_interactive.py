@@ -92,3 +92,28 @@ def test_an_interactive_run_can_send_its_stdout_elsewhere(staged, tier, shared_t
     assert res.exit_code == 0 and res.log_path is None and res.tail is None
     with open(out) as f:
         assert f.read() == "to-stdout\n    return 42\n"
+
+
+def test_an_interactive_shell_has_job_control(staged, tier, shared_tmp):
+    out = os.path.join(shared_tmp, "result.json")
+    term = Pty([sys.executable, DRIVER, staged.root, staged.tx.tid, tier, out])
+    try:
+        term.send(b"echo UP-$((1+1)); sleep 30\n")
+        term.expect(b"UP-2")
+        time.sleep(0.3)
+        term.send(b"\x1a")  # ^Z stops the sleep and gives the shell back
+        term.expect(b"Stopped")
+        term.send(b"jobs; echo JOBS-$((2+3))\n")
+        term.expect(b"JOBS-5")
+        term.send(b"fg\n")  # the sleep again in the foreground: ^C is for it
+        time.sleep(0.3)
+        term.send(b"\x03")
+        term.send(b"echo BACK-$((3+4)); exit 0\n")
+        term.expect(b"BACK-7")
+        assert term.close() == 0
+    finally:
+        if term.proc.poll() is None:
+            term.proc.kill()
+            term.proc.wait()
+    with open(out, encoding="utf-8") as f:
+        assert json.load(f)["exit_code"] == 0

@@ -161,6 +161,9 @@ def test_diff_shows_a_link_as_git_does_and_a_directory_as_a_row(repo):
     assert "diff --git a/l2 b/l2\nnew file mode 120000\n" in d["diff"]
     assert "+real.txt\n\\ No newline at end of file\n" in d["diff"]
     assert "deleted file mode 120000\n" in d["diff"]
+    assert "# empty directory added: newdir/\n" in d["diff"]
+    stat_lines = [" ".join(ln.split()) for ln in tx.diff(stat=True)["diff"].splitlines()]
+    assert "newdir/ | directory added" in stat_lines
 
 
 def test_git_applies_the_diff_of_staged_links(tmp_path):
@@ -171,8 +174,9 @@ def test_git_applies_the_diff_of_staged_links(tmp_path):
     os.symlink("a.txt", root / "old")
     Agent2PC.init(root)
     tx = Agent2PC(root).begin()
-    tx.exec(["sh", "-c", "ln -s a.txt l && rm old"])
+    tx.exec(["sh", "-c", "ln -s a.txt l && rm old && mkdir e"])
     patch = tx.diff()["diff"]
+    assert "# empty directory added: e/" in patch
     check = subprocess.run(["git", "apply", "--check", "-"], cwd=root, input=patch.encode(),
                            capture_output=True)
     assert check.returncode == 0, check.stderr

@@ -400,7 +400,7 @@ class Staging:
                  ) -> list[tuple[dict[str, Any], str]]:
         """The rows and git-style texts of one net change. A link is diffed as git does
         (mode 120000, its target as content); a directory has a row (``kind: directory``)
-        and no text, since git has no way to show an empty directory."""
+        and a ``# empty directory added: path/`` line, which git apply and patch skip."""
         old_kind, old, old_mode = self._tree_node(op.path)
         new_kind: str | None = None
         new: bytes | None = None
@@ -423,8 +423,12 @@ class Staging:
                      (None, None, None, new_kind, new, new_mode)]
         for ok, ob, om, nk, nb, nm in sides:
             if ok == "dir" or nk == "dir":
-                out.append(({"path": op.path, "status": "added" if nk else "deleted",
-                             "additions": 0, "deletions": 0, "kind": "directory"}, ""))
+                status = "added" if nk else "deleted"
+                # git has no way to show an empty directory; git apply and patch skip a
+                # line of this kind between diffs.
+                out.append(({"path": op.path, "status": status, "additions": 0,
+                             "deletions": 0, "kind": "directory"},
+                            f"# empty directory {status}: {op.path}/\n"))
                 continue
             fd = diff_file(op.path, ob, nb, om if ob is not None else None, nm)
             row = {"path": op.path, "status": fd.status, "additions": fd.additions,
@@ -527,8 +531,10 @@ def stat_text(files: list[dict[str, Any]]) -> str:
     """``git diff --stat``-like summary."""
     if not files:
         return ""
-    width = max(len(f["path"]) for f in files)
-    lines = [f" {f['path']:<{width}} | +{f['additions']} -{f['deletions']}" for f in files]
+    width = max(len(f["path"]) + 1 for f in files)
+    lines = [f" {f['path'] + '/':<{width}} | directory {f['status']}" if
+             f.get("kind") == "directory" else
+             f" {f['path']:<{width}} | +{f['additions']} -{f['deletions']}" for f in files]
     adds = sum(f["additions"] for f in files)
     dels = sum(f["deletions"] for f in files)
     lines.append(f" {len(files)} file{'s' if len(files) != 1 else ''} changed, "

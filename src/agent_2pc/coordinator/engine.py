@@ -373,6 +373,8 @@ class Engine(Staging, Runs):
     def _finish_abort(self, tx: Tx) -> None:
         """Undo what may have happened remotely, drop the scratch, write the end record."""
         left: list[int] = []
+        if tx.prepared:
+            self.fs.undo_prepare(tx)
         if tx.effects and tx.prepared:
             left = self.api.compensate(tx, self._recorder(tx.tid))
         discard(self.layout.tx_dir(tx.tid), self.layout.trash)

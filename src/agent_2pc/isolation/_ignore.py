@@ -1,6 +1,8 @@
 """Ignore rules: which paths of a view are never captured (nor copied into a copy view).
 
-Always ignored: ``.git`` and ``.agent-tx`` at the root. Then each pattern of the configured
+Always ignored: ``.git`` and ``.agent-tx`` at the root, and at any depth the content a commit's
+prepare places next to targets on another file system (``.agent-2pc-<tid>-<k>.tmp``,
+participants/fs.py). Then each pattern of the configured
 list, a glob (``fnmatch``, case-sensitive, ``*`` also crosses ``/``):
 
 - a pattern without ``/`` matches a path component at any depth (``__pycache__``, ``*.pyc``,
@@ -21,6 +23,7 @@ if TYPE_CHECKING:
     from typing import Iterable
 
 ALWAYS = (".git", ".agent-tx")
+PLACED_PREFIX, PLACED_SUFFIX = ".agent-2pc-", ".tmp"  # participants/fs.py: placed_name
 # What a caller gets when it says nothing: caches that tools rebuild and nobody commits.
 DEFAULT_IGNORE = ("__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis")
 PATTERNS_MAX = 1000
@@ -51,6 +54,8 @@ class Ignore:
         if "/" not in rel and rel in ALWAYS:
             return True
         name = rel.rpartition("/")[2]
+        if name.startswith(PLACED_PREFIX) and name.endswith(PLACED_SUFFIX):
+            return True
         for p in self.anywhere:
             if fnmatchcase(name, p):
                 return True

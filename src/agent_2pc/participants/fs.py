@@ -179,6 +179,23 @@ def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
         os.close(fd)
 
 
+def placed_name(tid: str, k: int) -> str:
+    """What prepare names the content of the k-th change bound for another file system."""
+    return f".agent-2pc-{tid}-{k}.tmp"
+
+
+def _home(dirs: Dirs, path: str) -> str:
+    """The deepest directory on the way to ``path`` that exists now (what apply creates
+    below it is on its file system)."""
+    probe = split(path)[0]
+    while True:
+        try:
+            dirs.open(probe)
+            return probe
+        except (FileNotFoundError, NotADirectoryError, ParentNotDir):
+            probe = probe.rpartition("/")[0]
+
+
 def _short(fingerprint: str | None) -> str:
     if fingerprint is None:
         return "absent"
@@ -199,11 +216,13 @@ class FileParticipant:
         # commit lock): saves hashing every target twice. Redo after a crash hashes again.
         self._seen: dict[str, dict[str, str | None]] = {}
         self._modes: dict[str, dict[int, int]] = {}
+        self._placed: dict[str, dict[int, str]] = {}
 
     # -- prepare ---------------------------------------------------------------------------
 
     def prepare(self, tx: Tx) -> Vote:
         changes = tx.changes()
+        self._placed[tx.tid] = {}  # nothing placed yet (an abort has nothing to look for)
         dirs = Dirs(self.root)
         try:
             seen: dict[str, str | None] = {}
@@ -237,13 +256,13 @@ class FileParticipant:
                         f"{_short(seen[path])})"))
             writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
             blobs_dev = os.stat(self.blobs.dir).st_dev
-            for op in changes:  # writes and links are renamed in from .agent-tx/objects/
+            foreign: list[tuple[int, Op, str]] = []  # (k, op, home) on another file system
+            for k, op in enumerate(changes):  # writes and links are renamed into place
                 if op.op not in ("write", "symlink"):
                     continue
-                if self._device_of(dirs, split(op.path)[0]) != blobs_dev:
-                    return Vote.no("cross_device", (
-                        f"{op.path} is on another file system than .agent-tx/; an atomic rename "
-                        "cannot reach it (not supported yet)"))
+                home = _home(dirs, op.path)
+                if os.fstat(dirs.open(home)).st_dev != blobs_dev:
+                    foreign.append((k, op, home))
             try:
                 self.blobs.make_durable([op.blob for _, op in writes if op.blob])
             except BlobCorrupt as exc:
@@ -251,27 +270,95 @@ class FileParticipant:
                 path = next(op.path for _, op in writes if op.blob == exc.digest)
                 return Vote.no("corrupt_blob", f"the staged content of {path}: {exc}; "
                                "stage it again")
+            placed = self._place(dirs, tx.tid, foreign)
             self._seen[tx.tid] = seen
             self._modes[tx.tid] = {
                 k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
                 for k, op in writes}
+            self._placed[tx.tid] = placed
             return YES
         finally:
             dirs.close()
 
-    def decision_fields(self, tid: str) -> dict[str, Any]:
-        """What the commit decision must carry for a redo: each written file's mode."""
-        return {"modes": {str(k): m for k, m in self._modes.get(tid, {}).items()}}
+    def _place(self, dirs: Dirs, tid: str, foreign: list[tuple[int, Op, str]]
+               ) -> dict[int, str]:
+        """Put the content of each write (or the link) that goes to another file system than
+        .agent-tx/ next to it, in the deepest directory on its way that exists now, as
+        ``.agent-2pc-<tid>-<k>.tmp``, synced with its directory: the apply renames it into
+        place like a blob. Returns {k: that directory}. A failure (no space, no permission)
+        removes what was placed and votes no through the OSError."""
+        placed: dict[int, str] = {}
+        try:
+            for k, op, home in foreign:
+                dfd = dirs.open(home)
+                name = placed_name(tid, k)
+                try:
+                    os.unlink(name, dir_fd=dfd)  # an earlier, interrupted prepare's
+                except FileNotFoundError:
+                    pass
+                placed[k] = home
+                if op.op == "symlink":
+                    assert op.target is not None
+                    os.symlink(op.target, name, dir_fd=dfd)
+                    continue
+                assert op.blob is not None
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                             os.O_CLOEXEC, 0o600, dir_fd=dfd)
+                try:
+                    self.blobs.copy_to(op.blob, fd)
+                    fsync_fd(fd)
+                finally:
+                    os.close(fd)
+            for home in set(placed.values()):
+                fsync_fd(dirs.open(home))
+        except BaseException:
+            for k, home in placed.items():
+                try:
+                    os.unlink(placed_name(tid, k), dir_fd=dirs.open(home))
+                except OSError:
+                    pass
+            raise
+        return placed
 
-    @staticmethod
-    def _device_of(dirs: Dirs, rel_dir: str) -> int:
-        """st_dev of the deepest existing directory on the way to ``rel_dir``."""
-        probe = rel_dir
-        while True:
-            try:
-                return os.fstat(dirs.open(probe)).st_dev
-            except (FileNotFoundError, NotADirectoryError, ParentNotDir):
-                probe = probe.rpartition("/")[0]
+    def undo_prepare(self, tx: Tx) -> None:
+        """After an abort of a prepared transaction: remove what prepare placed next to
+        targets on other file systems (found again by name in every directory on the way of
+        each write and link: an abort after a crash does not know where they went)."""
+        self.forget(tx.tid)
+        known = self._placed.pop(tx.tid, None)
+        dirs = Dirs(self.root)
+        try:
+            if known is not None:  # prepared in this process: it knows
+                for k, home in known.items():
+                    try:
+                        os.unlink(placed_name(tx.tid, k), dir_fd=dirs.open(home))
+                    except (OSError, PathChanged):
+                        pass
+                return
+            for k, op in enumerate(tx.changes()):
+                if op.op not in ("write", "symlink"):
+                    continue
+                probe = split(op.path)[0]
+                while True:
+                    try:
+                        os.unlink(placed_name(tx.tid, k), dir_fd=dirs.open(probe))
+                    except (OSError, PathChanged):
+                        pass
+                    if not probe:
+                        break
+                    probe = probe.rpartition("/")[0]
+        finally:
+            dirs.close()
+
+    def decision_fields(self, tid: str) -> dict[str, Any]:
+        """What the commit decision must carry for a redo: each written file's mode, and
+        where prepare placed the content bound for other file systems."""
+        fields: dict[str, Any] = {
+            "modes": {str(k): m for k, m in self._modes.get(tid, {}).items()}}
+        placed = self._placed.get(tid)
+        if placed:
+            fields["placed"] = {str(k): home for k, home in placed.items()}
+        return fields
 
     # -- apply (commit) and redo (recover) --------------------------------------------------
 
@@ -279,18 +366,21 @@ class FileParticipant:
         """Apply after the decision. ``keep``: blobs that other live transactions name, which
         must be copied rather than moved (the caller holds the log lock, so it is complete)."""
         self._modes.pop(tx.tid, None)
+        self._placed.pop(tx.tid, None)
         return self._apply(tx, self._seen.pop(tx.tid, None), keep)
 
     def recover(self, tx: Tx, keep: set[str]) -> Applied:
         return self._apply(tx, None, keep)
 
     def forget(self, tid: str) -> None:
+        """Drop what prepare saw (what it placed is for undo_prepare)."""
         self._seen.pop(tid, None)
         self._modes.pop(tid, None)
 
     def _apply(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str]) -> Applied:
         changes = tx.changes()
         modes = {int(k): m for k, m in (tx.decision_fields.get("modes") or {}).items()}
+        placed = {int(k): h for k, h in (tx.decision_fields.get("placed") or {}).items()}
         out = Applied()
         dirs = Dirs(self.root)
         touched: set[str] = set()
@@ -324,9 +414,9 @@ class FileParticipant:
                 out.files.append(op.path)
                 self._prune_empty(dirs, parent, touched)
                 crashpoints.hit("commit.mid_apply")
-            later_uses: dict[str, int] = {}
-            for op in changes:
-                if op.op == "write":
+            later_uses: dict[str, int] = {}  # blob -> writes after this one that move it
+            for k, op in enumerate(changes):
+                if op.op == "write" and k not in placed:
                     assert op.blob is not None
                     later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
             # Writes, links and directories in path order: a directory before what goes in it.
@@ -337,7 +427,8 @@ class FileParticipant:
                 cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
                 if op.op == "write":
                     assert op.blob is not None
-                    later_uses[op.blob] -= 1
+                    if k not in placed:
+                        later_uses[op.blob] -= 1
                     mode = modes.get(k, op.mode if op.mode is not None else 0o644)
                     if seen is None and cur == op.blob:  # put in place by an earlier run
                         self._ensure_mode(dirs.open(parent), name, mode)
@@ -362,7 +453,14 @@ class FileParticipant:
                 dfd = dirs.open(parent, create=True)
                 if cur is not None:
                     self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                if op.op == "write":
+                if k in placed:  # prepared next to it, on its file system
+                    home = placed[k]
+                    hfd = self._ensure_placed(dirs, tx.tid, k, op, home)
+                    if op.op == "write":  # its mode before it is visible
+                        self._ensure_mode(hfd, placed_name(tx.tid, k), mode)
+                    os.rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
+                    touched.add(home)
+                elif op.op == "write":
                     blob = op.blob
                     assert blob is not None
                     src = self._source(tx.tid, k, blob, copy=blob in keep or later_uses[blob] > 0)
@@ -411,6 +509,16 @@ class FileParticipant:
             os.close(fd)
         os.rename(claim + ".part", claim)
         return claim
+
+    def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int:
+        """The directory that holds the k-th placed content; placed again from the blob (or
+        the target) when it is missing (a redo after someone removed it)."""
+        hfd = dirs.open(home, create=True)
+        try:
+            os.stat(placed_name(tid, k), dir_fd=hfd, follow_symlinks=False)
+        except FileNotFoundError:
+            self._place(dirs, tid, [(k, op, home)])
+        return hfd
 
     def _link_source(self, tid: str, k: int, target: str) -> str:
         """A symbolic link to ``target`` to rename over the k-th target

@@ -322,8 +322,8 @@ class FileParticipant:
 
     def undo_prepare(self, tx: Tx) -> None:
         """After an abort of a prepared transaction: remove what prepare placed next to
-        targets on other file systems (found again by name in every directory on the way of
-        each write and link: an abort after a crash does not know where they went)."""
+        targets on other file systems. The process that prepared knows where; an abort after
+        a crash looks for the names in every directory on the way of each write and link."""
         self.forget(tx.tid)
         known = self._placed.pop(tx.tid, None)
         dirs = Dirs(self.root)

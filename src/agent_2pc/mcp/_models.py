@@ -278,6 +278,9 @@ class DiffFile(Out):
     deletions: int
     old_bytes: int | None = None
     new_bytes: int | None = None
+    kind: Literal["symlink", "directory"] | None = Field(default=None, description=(
+        "Set for a symbolic link (diffed as git does: mode 120000, its target as content) or "
+        "an empty directory made or removed (no patch text but a '# empty directory' line)."))
 
 
 class DiffOut(Out):

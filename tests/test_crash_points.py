@@ -260,3 +260,53 @@ def test_next_command_finishes_a_dead_processs_commit_first(tmp_path):
     proc = cli(w.root, "list")  # any command, not recover
     assert proc.returncode == 0
     assert snapshot(w.root) == w.new and w.state() == "committed"
+
+
+def test_a_redo_writes_a_small_file_again_from_the_decision_when_its_blob_is_lost(tmp_path):
+    """Small files are not synced at prepare: their content travels in the decision record.
+    A machine crash may then lose an unsynced blob; the redo takes the decision's copy."""
+    import json as _json
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    w = World(root)
+    w.crash("commit.after_decision", "commit", "--tid", w.tid)
+    from agent_2pc.coordinator.engine import Engine
+
+    engine = Engine(str(root), recover_dead=False)  # look, without finishing it
+    tx = engine.txs[w.tid]
+    engine.close()
+    assert tx.state == "committing" and tx.decision_fields.get("inline")
+    objects = root / ".agent-tx" / "objects"
+    lost = damaged = 0
+    for op in tx.changes():  # lose one blob, damage another: a machine crash may do either
+        if op.op == "write" and op.blob and str(tx.changes().index(op)) in \
+                tx.decision_fields["inline"]:
+            blob = objects / op.blob[:2] / op.blob
+            if lost == 0:
+                blob.unlink()
+                lost += 1
+            elif damaged == 0:
+                blob.chmod(0o644)
+                blob.write_bytes(b"garbage")
+                damaged += 1
+    assert lost == 1 and damaged == 1
+    out = _json.loads(cli(root, "recover").stdout)
+    assert w.tid in out["rolled_forward"] and not out.get("diverged")
+    assert snapshot(w.root) == w.new
+    w.check_invariants()
+
+
+def test_a_large_file_is_synced_at_prepare_and_not_carried_in_the_decision(tmp_path):
+    from agent_2pc.participants.fs import INLINE_BYTES_MAX
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    client = Agent2PC.init(root)
+    tx = client.begin()
+    tx.stage_write("big.bin", b"x" * (INLINE_BYTES_MAX + 1))
+    tx.stage_write("small.txt", "small\n")
+    tx.commit()
+    fields = Agent2PC(root).engine.txs[tx.tid].decision_fields
+    assert list(fields["inline"]) == ["1"]  # small.txt (k=1, sorted by path); big.bin not
+    assert (root / "big.bin").read_bytes() == b"x" * (INLINE_BYTES_MAX + 1)

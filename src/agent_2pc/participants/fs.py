@@ -31,6 +31,7 @@ staging makes prepare vote no instead of leading a write outside the root.
 
 from __future__ import annotations
 
+import binascii
 import errno
 import os
 import stat
@@ -38,7 +39,7 @@ import stat
 from .. import crashpoints
 from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
-from ..storage.durable import fsync_fd
+from ..storage.durable import fsync_fd, write_all
 from ..storage.hashing import link_fingerprint, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -46,6 +47,12 @@ if TYPE_CHECKING:
     from typing import Any
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Small written files travel in the commit decision itself (``inline``), so that prepare syncs
+# nothing for them: the decision's fsync makes their content durable, the apply fsyncs each
+# blob just before renaming it into the tree, and a redo that finds a blob missing or damaged
+# writes it again from the decision. Bounded per file and per decision.
+INLINE_BYTES_MAX = 8 * 1024
+INLINE_TOTAL_BYTES_MAX = 64 * 1024
 
 
 class PathChanged(Exception):
@@ -217,6 +224,7 @@ class FileParticipant:
         self._seen: dict[str, dict[str, str | None]] = {}
         self._modes: dict[str, dict[int, int]] = {}
         self._placed: dict[str, dict[int, str]] = {}
+        self._inline: dict[str, dict[int, bytes]] = {}
 
     # -- prepare ---------------------------------------------------------------------------
 
@@ -263,8 +271,17 @@ class FileParticipant:
                 home = _home(dirs, op.path)
                 if os.fstat(dirs.open(home)).st_dev != blobs_dev:
                     foreign.append((k, op, home))
+            inline: dict[int, bytes] = {}
+            budget = INLINE_TOTAL_BYTES_MAX
+            far = {k for k, _, _ in foreign}
             try:
-                self.blobs.make_durable([op.blob for _, op in writes if op.blob])
+                for k, op in writes:
+                    assert op.blob is not None
+                    if k not in far and op.size <= min(INLINE_BYTES_MAX, budget):
+                        inline[k] = self.blobs.read(op.blob)  # checked against its hash
+                        budget -= op.size
+                self.blobs.make_durable([op.blob for k, op in writes
+                                         if op.blob and k not in inline])
             except BlobCorrupt as exc:
                 self.blobs.discard(exc.digest)
                 path = next(op.path for _, op in writes if op.blob == exc.digest)
@@ -276,6 +293,7 @@ class FileParticipant:
                 k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
                 for k, op in writes}
             self._placed[tx.tid] = placed
+            self._inline[tx.tid] = inline
             return YES
         finally:
             dirs.close()
@@ -351,13 +369,18 @@ class FileParticipant:
             dirs.close()
 
     def decision_fields(self, tid: str) -> dict[str, Any]:
-        """What the commit decision must carry for a redo: each written file's mode, and
-        where prepare placed the content bound for other file systems."""
+        """What the commit decision must carry for a redo: each written file's mode, where
+        prepare placed the content bound for other file systems, and the small files' content
+        (base64)."""
         fields: dict[str, Any] = {
             "modes": {str(k): m for k, m in self._modes.get(tid, {}).items()}}
         placed = self._placed.get(tid)
         if placed:
             fields["placed"] = {str(k): home for k, home in placed.items()}
+        inline = self._inline.get(tid)
+        if inline:
+            fields["inline"] = {str(k): binascii.b2a_base64(data, newline=False).decode("ascii")
+                                for k, data in inline.items()}
         return fields
 
     # -- apply (commit) and redo (recover) --------------------------------------------------
@@ -367,6 +390,7 @@ class FileParticipant:
         must be copied rather than moved (the caller holds the log lock, so it is complete)."""
         self._modes.pop(tx.tid, None)
         self._placed.pop(tx.tid, None)
+        self._inline.pop(tx.tid, None)
         return self._apply(tx, self._seen.pop(tx.tid, None), keep)
 
     def recover(self, tx: Tx, keep: set[str]) -> Applied:
@@ -376,11 +400,13 @@ class FileParticipant:
         """Drop what prepare saw (what it placed is for undo_prepare)."""
         self._seen.pop(tid, None)
         self._modes.pop(tid, None)
+        self._inline.pop(tid, None)
 
     def _apply(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str]) -> Applied:
         changes = tx.changes()
         modes = {int(k): m for k, m in (tx.decision_fields.get("modes") or {}).items()}
         placed = {int(k): h for k, h in (tx.decision_fields.get("placed") or {}).items()}
+        inline = {int(k): v for k, v in (tx.decision_fields.get("inline") or {}).items()}
         out = Applied()
         dirs = Dirs(self.root)
         touched: set[str] = set()
@@ -463,9 +489,16 @@ class FileParticipant:
                 elif op.op == "write":
                     blob = op.blob
                     assert blob is not None
-                    src = self._source(tx.tid, k, blob, copy=blob in keep or later_uses[blob] > 0)
+                    copy = blob in keep or later_uses[blob] > 0
+                    if k in inline:
+                        src, unsynced = self._inline_source(tx.tid, k, blob, inline[k], copy,
+                                                            check=seen is None)
+                    else:
+                        src, unsynced = self._source(tx.tid, k, blob, copy), False
                     fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
                     try:
+                        if unsynced:  # a small file's blob: synced here, not at prepare
+                            fsync_fd(fd)
                         os.rename(src, name, dst_dir_fd=dfd)
                         os.fchmod(fd, mode)
                     finally:
@@ -509,6 +542,40 @@ class FileParticipant:
             os.close(fd)
         os.rename(claim + ".part", claim)
         return claim
+
+    def _inline_source(self, tid: str, k: int, digest: str, data_b64: str, copy: bool,
+                       check: bool) -> tuple[str, bool]:
+        """As ``_source``, for a small file whose content the decision carries: (the file to
+        rename over the k-th target, whether it still needs an fsync). The blob, unless it
+        must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
+        synced copy written from the decision."""
+        claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
+        if os.path.exists(claim):
+            return claim, False  # made by an earlier, interrupted run of this apply
+        if not copy:
+            path = self.blobs.path(digest)
+            if not check:
+                return path, True  # read and checked by this process's prepare
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                pass
+            else:
+                try:
+                    if sha256_fd(fd)[0] == digest:
+                        return path, True
+                finally:
+                    os.close(fd)
+        data = binascii.a2b_base64(data_b64)
+        fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                     0o444)
+        try:
+            write_all(fd, data)
+            fsync_fd(fd)
+        finally:
+            os.close(fd)
+        os.rename(claim + ".part", claim)
+        return claim, False
 
     def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int:
         """The directory that holds the k-th placed content; placed again from the blob (or

@@ -48,11 +48,18 @@ class Pty:
         finally:
             os.close(self.master)
 
+    def __enter__(self) -> "Pty":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:  # a failed expectation: never leave the session behind
+            self.proc.kill()
+            self.proc.wait()
+
 
 def test_an_interactive_shell_session_is_captured(staged, tier, shared_tmp):
     out = os.path.join(shared_tmp, "result.json")
-    term = Pty([sys.executable, DRIVER, staged.root, staged.tx.tid, tier, out])
-    try:
+    with Pty([sys.executable, DRIVER, staged.root, staged.tx.tid, tier, out]) as term:
         # $((..)) makes the expected text differ from the echo of what was typed
         term.send(b"test -t 0 && test -t 1 && echo TTY-$((40+2))\n")
         term.expect(b"TTY-42")
@@ -65,10 +72,6 @@ def test_an_interactive_shell_session_is_captured(staged, tier, shared_tmp):
         term.expect(b"AFTER-4 return 42")
         term.send(b"exit 3\n")
         assert term.close() == 0
-    finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
     with open(out, encoding="utf-8") as f:
         result = json.load(f)
     assert result["exit_code"] == 3 and result["tier"] == tier and result["log"] is None
@@ -96,8 +99,7 @@ def test_an_interactive_run_can_send_its_stdout_elsewhere(staged, tier, shared_t
 
 def test_an_interactive_shell_has_job_control(staged, tier, shared_tmp):
     out = os.path.join(shared_tmp, "result.json")
-    term = Pty([sys.executable, DRIVER, staged.root, staged.tx.tid, tier, out])
-    try:
+    with Pty([sys.executable, DRIVER, staged.root, staged.tx.tid, tier, out]) as term:
         term.send(b"echo UP-$((1+1)); sleep 30\n")
         term.expect(b"UP-2")
         time.sleep(0.3)
@@ -111,9 +113,5 @@ def test_an_interactive_shell_has_job_control(staged, tier, shared_tmp):
         term.send(b"echo BACK-$((3+4)); exit 0\n")
         term.expect(b"BACK-7")
         assert term.close() == 0
-    finally:
-        if term.proc.poll() is None:
-            term.proc.kill()
-            term.proc.wait()
     with open(out, encoding="utf-8") as f:
         assert json.load(f)["exit_code"] == 0

@@ -256,3 +256,13 @@ def test_exec_of_links_and_directories_through_the_cli(repo, tier):
                                                                ("cd", "mkdir")}
     assert cli("commit", "--tid", tid)["files"] == ["c", "cd"]
     assert node(repo / "c") == ("symlink", "real.txt") and (repo / "cd").is_dir()
+
+
+def test_the_exec_summary_names_link_targets_and_directories(repo):
+    tid = Agent2PC(repo).begin().tid
+    proc = subprocess.run([sys.executable, "-m", "agent_2pc", "--root", str(repo), "exec",
+                           "--tid", tid, "--", "sh", "-c", "ln -s real.txt s && mkdir sd"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "  symlink s -> real.txt\n" in proc.stderr
+    assert "  mkdir   sd/" in proc.stderr

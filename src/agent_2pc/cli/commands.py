@@ -270,7 +270,9 @@ def text_exec(r: dict[str, Any]) -> str:
     staged = r.get("captured") or []
     head = (f"agent-2pc: exit {r['exit_code']} in {r['duration_ms']:.0f} ms ({r['isolation']}); "
             f"staged {len(staged)} change{'s' if len(staged) != 1 else ''}")
-    lines = [head] + [f"  {c['op']:<7} {c['path']}" for c in staged]
+    lines = [head] + [f"  {c['op']:<7} {c['path']}" + (
+        f" -> {c['target']}" if c.get("target") is not None else
+        "/" if c["op"] == "mkdir" else "") for c in staged]
     lines += [f"  skipped {s['path']} ({s.get('reason') or s['kind']})"
               for s in r.get("skipped") or []]
     return "\n".join(lines)

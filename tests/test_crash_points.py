@@ -208,7 +208,8 @@ def test_crash_after_each_file_operation_of_apply_rolls_forward(tmp_path, n):
 
 class LinksWorld(World):
     """A transaction staged by exec that makes links and directories, removes a link and an
-    empty directory, turns a file into a directory and a link into another link."""
+    empty directory, turns a file into a directory, a link into another link and a directory
+    into a file."""
 
     def __init__(self, root: Path) -> None:
         import os
@@ -218,22 +219,26 @@ class LinksWorld(World):
         os.symlink("keep.txt", root / "linkold")
         os.symlink("keep.txt", root / "relink")
         (root / "emptyold").mkdir()
+        (root / "pkg" / "sub").mkdir(parents=True)
+        (root / "pkg" / "a.py").write_text("a\n")
+        (root / "pkg" / "sub" / "b.py").write_text("b\n")
         self.old = snapshot(root)
         tx = self.client.begin(label="links and directories")
         tx.exec(["sh", "-c", "ln -s mod1.txt link1 && mkdir -p made/empty && rm linkold && "
                              "rmdir emptyold && rm gone.txt && mkdir -m 0700 gone.txt && "
-                             "ln -sfn mod2.py relink"])
-        assert len(tx.status()["files"]) == 6
+                             "ln -sfn mod2.py relink && rm -r pkg && echo module > pkg"])
+        assert len(tx.status()["files"]) == 9
         self.tid = tx.tid
         self.new = self._expected_new()
 
 
-@pytest.mark.parametrize("n", range(1, 6))  # six operations: two deletes, four puts
+@pytest.mark.parametrize("n", range(1, 9))  # nine operations: four deletes, five puts
 def test_a_crash_in_the_apply_of_links_and_directories_rolls_forward(tmp_path, n):
     root = tmp_path / "repo"
     root.mkdir()
     w = LinksWorld(root)
     assert w.new["link1"] == "symlink:mod1.txt" and w.new["gone.txt/"] == "dir 700"
+    assert w.new["pkg"] == (b"module\n", 0o644) and "pkg/a.py" not in w.new
     w.crash(f"commit.mid_apply:{n}", "commit", "--tid", w.tid)
     assert snapshot(w.root) not in (w.old, w.new)
     assert w.tid in w.recover()["rolled_forward"]

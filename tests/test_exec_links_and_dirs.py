@@ -266,3 +266,58 @@ def test_the_exec_summary_names_link_targets_and_directories(repo):
     assert proc.returncode == 0, proc.stderr
     assert "  symlink s -> real.txt\n" in proc.stderr
     assert "  mkdir   sd/" in proc.stderr
+
+
+def test_a_directory_replaced_by_a_file_commits_as_a_file(repo, tier):
+    (repo / "pkg" / "sub").mkdir(parents=True)
+    (repo / "pkg" / "a.py").write_text("a\n")
+    (repo / "pkg" / "sub" / "b.py").write_text("b\n")
+    (repo / "pkg" / "empty").mkdir()
+    before = snapshot(repo)
+    tx = Agent2PC(repo).begin()
+    tx.exec(["sh", "-c", "rm -r pkg && echo module > pkg && rm -r realdir && "
+                         "ln -s real.txt realdir"])
+    out = tx.exec(["sh", "-c", "test -f pkg && test \"$(cat pkg)\" = module && "
+                               "test -L realdir"])  # later runs see it too
+    assert out["captured"] == []
+    assert snapshot(repo) == before
+    tx.commit()
+    assert node(repo / "pkg") == ("file", b"module\n", 0o644)
+    assert node(repo / "realdir") == ("symlink", "real.txt")
+
+
+def test_a_directory_is_not_replaced_while_it_holds_what_the_transaction_keeps(repo, tier):
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "a.py").write_text("a\n")
+    (repo / "pkg" / "__pycache__").mkdir()  # ignored: never captured, so never deleted
+    (repo / "pkg" / "__pycache__" / "a.pyc").write_text("x")
+    before = snapshot(repo)
+    tx = Agent2PC(repo).begin()
+    with pytest.raises(NotAFile) as info:
+        tx.exec(["sh", "-c", "rm -r pkg && echo module > pkg"])
+    assert "pkg/__pycache__" in str(info.value)
+    assert tx.status()["files"] == [] and snapshot(repo) == before
+
+
+def test_a_file_put_in_an_emptied_directory_after_staging_makes_the_commit_a_conflict(repo):
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "a.py").write_text("a\n")
+    tx = Agent2PC(repo).begin()
+    tx.exec(["sh", "-c", "rm -r pkg && echo module > pkg"])
+    (repo / "pkg" / "late.py").write_text("someone else's\n")
+    with pytest.raises(TransactionAborted) as info:
+        tx.commit()
+    assert info.value.code == "conflict" and "pkg/late.py" in str(info.value)
+    assert (repo / "pkg" / "a.py").read_text() == "a\n"
+
+
+def test_stage_write_replaces_a_directory_the_transaction_emptied(repo):
+    (repo / "pkg").mkdir()
+    (repo / "pkg" / "a.py").write_text("a\n")
+    tx = Agent2PC(repo).begin()
+    with pytest.raises(NotAFile):
+        tx.stage_write("pkg", "module\n")  # it still holds pkg/a.py
+    tx.stage_delete("pkg/a.py")
+    tx.stage_write("pkg", "module\n")
+    assert tx.commit()["files"] == ["pkg", "pkg/a.py"]
+    assert node(repo / "pkg") == ("file", b"module\n", 0o644)

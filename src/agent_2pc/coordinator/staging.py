@@ -135,8 +135,9 @@ class Staging:
     def _check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
                          kind: str = "write") -> None:
         """A file (or link, or with ``kind`` mkdir a directory) may go at ``rel`` in the
-        staged view: no parent is a file or link; a file or link does not replace a
-        directory."""
+        staged view: no parent is a file or link; a file or link replaces a directory of the
+        tree only when the view has emptied it (every file below deleted: a commit's deletes
+        then remove it before the file goes in)."""
         parts = rel.split("/")
         for i in range(1, len(parts)):
             prefix = "/".join(parts[:i])
@@ -149,16 +150,38 @@ class Staging:
             raise NotAFile(f"{rel} is a directory in this transaction", path=rel)
         full = os.path.join(self.root, rel)
         if os.path.isdir(full) and not os.path.islink(full):
-            raise NotAFile(f"{rel} is a directory", path=rel)
+            left = self._left_in(tx, rel, puts)
+            if left is not None:
+                raise NotAFile(f"{rel} is a directory (holding {left}, which this transaction "
+                               "does not delete)", path=rel)
         below = rel + "/"
         for op in tx.ops:
             if op.op != "delete" and op.path.startswith(below) and tx.staged(op.path) is op:
                 raise NotAFile(f"{rel} is a directory in this transaction ({op.path} is staged)",
                                path=rel)
 
+    def _left_in(self, tx: Tx, rel_dir: str, puts: dict[str, str] | None) -> str | None:
+        """The first path below the tree's directory ``rel_dir`` that the staged view (and
+        ``puts``) still holds; None when the view has emptied it."""
+        from ..participants.fs import first_left
+
+        def deleted(rel: str) -> bool:
+            kind = puts.get(rel) if puts else None
+            if kind is None:
+                op = tx.staged(rel)
+                kind = op.op if op is not None else None
+            return kind == "delete"
+
+        return first_left(self.root, rel_dir, deleted)
+
     def _pre(self, tx: Tx, rel: str) -> str | None:
         op = tx.staged(rel)
-        return op.pre if op is not None else self._tree_digest(rel)[0]
+        if op is not None:
+            return op.pre
+        full = os.path.join(self.root, rel)
+        if os.path.isdir(full) and not os.path.islink(full):
+            return DIR_FINGERPRINT  # an emptied directory a file replaces (_check_placeable)
+        return self._tree_digest(rel)[0]
 
     def _tree_node(self, rel: str) -> tuple[str | None, bytes | None, int | None]:
         """What the tree holds at ``rel`` itself, a link not followed: (kind, content, mode)

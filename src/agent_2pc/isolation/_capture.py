@@ -239,9 +239,11 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
                     b.add(Change(rel, "mkdir", mode=stat.S_IMODE(st.st_mode)))
                 continue
             present.add(rel)
-            if seen is not None and seen.kind == "dir":
+            if seen is not None and seen.kind == "dir":  # a directory replaced by a file or link
                 for f in layer.lower_files(rel, ignore):
-                    b.delete(f)  # a directory replaced by a file or link
+                    b.delete(f)
+                for d in layer.lower_empty_dirs(rel, ignore):
+                    b.delete(d)
             if stat.S_ISREG(st.st_mode):
                 mode = stat.S_IMODE(st.st_mode)
                 if (seen is not None and seen.kind == "file" and seen.mode == mode and

@@ -138,8 +138,10 @@ class Layer:
     def whiteouts(self) -> list[str]:
         """The paths an overlay lower layer must hide: the topmost of each gone subtree that
         the tree has (a file written and deleted again by the transaction never was there: a
-        whiteout would make the layer show its parent directory)."""
+        whiteout would make the layer show its parent directory). Not where the layer puts a
+        file or link of its own: that hides the tree's emptied directory by itself."""
         return sorted(p for p in self.gone if not any(q in self.gone for q in parents(p))
+                      and p not in self.writes and p not in self.links
                       and os.path.lexists(os.path.join(self.root, p)))
 
     # -- what the view showed before a command ran --------------------------------------------

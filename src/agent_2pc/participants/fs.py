@@ -44,7 +44,7 @@ from ..storage.hashing import link_fingerprint, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Small written files travel in the commit decision itself (``inline``), so that prepare syncs
@@ -203,6 +203,24 @@ def _home(dirs: Dirs, path: str) -> str:
             probe = probe.rpartition("/")[0]
 
 
+def first_left(root: str, rel_dir: str, deleted: Callable[[str], bool]) -> str | None:
+    """The first path below the directory ``rel_dir`` of the tree that is not ``deleted``
+    (files, links, and directories that are empty to begin with); None when deleting those
+    empties it, so that the deletes of a commit remove it (as git does) and a file or link
+    can take its place."""
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, rel_dir)):
+        rel_here = os.path.relpath(dirpath, root)
+        if rel_here != rel_dir and not dirnames and not filenames:
+            if not deleted(rel_here):
+                return rel_here + "/"  # an empty directory that stays
+            continue
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        for name in sorted(filenames + links):
+            if not deleted(f"{rel_here}/{name}"):
+                return f"{rel_here}/{name}"
+    return None
+
+
 def _short(fingerprint: str | None) -> str:
     if fingerprint is None:
         return "absent"
@@ -252,6 +270,14 @@ class FileParticipant:
                     return Vote.no("conflict", (
                         f"{op.path} changed since it was staged (it was {_short(op.pre)}, now "
                         f"{_short(seen[op.path])}); the other writer's content is kept"))
+            deleted = {op.path for op in changes if op.op == "delete"}
+            for op in changes:  # a file or link for a directory: the deletes must empty it
+                if op.op in ("write", "symlink") and op.pre == DIR_FINGERPRINT:
+                    left = first_left(self.root, op.path, deleted.__contains__)
+                    if left is not None:
+                        return Vote.no("conflict", (
+                            f"{op.path} is a directory that still holds {left}, which this "
+                            "transaction does not delete, so a file cannot take its place"))
             for path, digest in tx.reads:
                 if path not in seen:
                     try:
@@ -450,7 +476,14 @@ class FileParticipant:
                 if op.op == "delete":
                     continue
                 parent, name = split(op.path)
-                cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
+                pre = op.pre
+                if pre == DIR_FINGERPRINT and op.op != "mkdir":
+                    # The directory this file or link replaces went with the deletes above
+                    # (prepare checked that they empty it): expect nothing there now.
+                    pre = None
+                    cur = self._fingerprint(dirs, op)
+                else:
+                    cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
                 if op.op == "write":
                     assert op.blob is not None
                     if k not in placed:
@@ -473,7 +506,7 @@ class FileParticipant:
                             self._ensure_mode(dirs.open(parent), name, mode)
                         out.files.append(op.path)
                         continue
-                if cur != op.pre:
+                if cur != pre:
                     out.diverged.append(op.path)
                     continue
                 dfd = dirs.open(parent, create=True)

@@ -184,6 +184,19 @@ SANDBOX_PYTHON = os.path.realpath(sys.executable)
 NOBODY = 65534
 
 
+def hand_to_nobody(root: str, shared_tmp: str) -> str:
+    """Give the repository at ``root`` (but .agent-tx) to nobody, and a scratch directory
+    beside it for the views; return the scratch directory."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != ".agent-tx"]
+        for name in [*dirnames, *filenames, "."]:
+            os.lchown(os.path.join(dirpath, name), NOBODY, NOBODY)
+    scratch = os.path.join(shared_tmp, "scratch")
+    os.mkdir(scratch)
+    os.chown(scratch, NOBODY, NOBODY)
+    return scratch
+
+
 def nobody_can_run(python: str = sys.executable) -> None:
     """Skip unless an unprivileged user can run ``python`` and import our source tree: a
     checkout under a private directory (``mktemp -d`` is 0700) cannot be entered by nobody,

@@ -22,7 +22,15 @@ from agent_2pc.isolation import _view as view_module
 from agent_2pc.isolation._cgroups import PREFIX, find_parents
 from agent_2pc.isolation._governor import Governor, Window
 
-from .conftest import PYTHON, SANDBOX_PYTHON, SRC, nobody_can_run, pids_matching
+from .conftest import (
+    NOBODY,
+    PYTHON,
+    SANDBOX_PYTHON,
+    SRC,
+    hand_to_nobody,
+    nobody_can_run,
+    pids_matching,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -399,14 +407,8 @@ print(json.dumps(out))
 def test_an_unprivileged_run_is_sandboxed_and_its_fork_bomb_bounded_by_rlimit(staged,
                                                                               shared_tmp):
     nobody_can_run(PYTHON)
-    nobody = 65534
-    for dirpath, dirnames, filenames in os.walk(staged.root):
-        dirnames[:] = [d for d in dirnames if d != ".agent-tx"]
-        for name in [*dirnames, *filenames, "."]:
-            os.lchown(os.path.join(dirpath, name), nobody, nobody)
-    scratch = os.path.join(shared_tmp, "scratch")
-    os.mkdir(scratch)
-    os.chown(scratch, nobody, nobody)
+    nobody = NOBODY
+    scratch = hand_to_nobody(staged.root, shared_tmp)
     before = staged.tree_hash()
     m = marker()
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/nonexistent"}

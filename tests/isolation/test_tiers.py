@@ -15,7 +15,7 @@ from agent_2pc.errors import IsolationUnavailable, UsageError
 from agent_2pc.isolation import TIERS, probe_tiers
 from agent_2pc.isolation import _view as view_module
 
-from .conftest import SRC, nobody_can_run
+from .conftest import NOBODY, SRC, hand_to_nobody, nobody_can_run
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,14 +116,8 @@ print(json.dumps(out))
 
 def test_overlay_in_a_user_namespace_when_not_root(staged, shared_tmp):
     nobody_can_run()
-    nobody = 65534
-    for dirpath, dirnames, filenames in os.walk(staged.root):
-        dirnames[:] = [d for d in dirnames if d != ".agent-tx"]
-        for name in [*dirnames, *filenames, "."]:
-            os.lchown(os.path.join(dirpath, name), nobody, nobody)
-    scratch = os.path.join(shared_tmp, "scratch")
-    os.mkdir(scratch)
-    os.chown(scratch, nobody, nobody)
+    nobody = NOBODY
+    scratch = hand_to_nobody(staged.root, shared_tmp)
     ops = [{"path": op.path, "op": op.op, "blob": op.blob, "size": op.size, "mode": op.mode}
            for op in staged.changes]
     before = staged.tree_hash()

@@ -183,41 +183,46 @@ class Staging:
             return DIR_FINGERPRINT  # an emptied directory a file replaces (_check_placeable)
         return self._tree_digest(rel)[0]
 
-    def _tree_node(self, rel: str) -> tuple[str | None, bytes | None, int | None]:
-        """What the tree holds at ``rel`` itself, a link not followed: (kind, content, mode)
-        with kind file (content, permission bits), symlink (the target's bytes, S_IFLNK),
-        dir (None, None), or None when nothing is there. Other kinds are NotAFile."""
-        full = os.path.join(self.root, rel)
+    def _tree_kind(self, rel: str) -> str | None:
+        """What the tree holds at ``rel`` itself, a link not followed: file, symlink, dir, or
+        None when nothing is there. Other kinds are NotAFile."""
         try:
-            st = os.lstat(full)
+            mode = os.lstat(os.path.join(self.root, rel)).st_mode
         except (FileNotFoundError, NotADirectoryError):
-            return None, None, None
-        if stat.S_ISLNK(st.st_mode):
-            return "symlink", os.fsencode(os.readlink(full)), stat.S_IFLNK | 0o777
-        if stat.S_ISDIR(st.st_mode):
-            return "dir", None, None
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAFile(f"{rel} is not a regular file, link or directory", path=rel)
+            return None
+        if stat.S_ISREG(mode):
+            return "file"
+        if stat.S_ISLNK(mode):
+            return "symlink"
+        if stat.S_ISDIR(mode):
+            return "dir"
+        raise NotAFile(f"{rel} is not a regular file, link or directory", path=rel)
+
+    def _tree_node(self, rel: str) -> tuple[str | None, bytes | None, int | None]:
+        """(kind, content, mode) of what the tree holds at ``rel`` itself (``_tree_kind``):
+        a file's content and permission bits, a link's target bytes and S_IFLNK, nothing more
+        for a directory or nothing."""
+        kind = self._tree_kind(rel)
+        full = os.path.join(self.root, rel)
+        if kind == "symlink":
+            return kind, os.fsencode(os.readlink(full)), stat.S_IFLNK | 0o777
+        if kind != "file":
+            return kind, None, None
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             with os.fdopen(fd, "rb", closefd=False) as f:
-                return "file", f.read(), stat.S_IMODE(os.fstat(fd).st_mode)
+                return kind, f.read(), stat.S_IMODE(os.fstat(fd).st_mode)
         finally:
             os.close(fd)
 
     def _tree_fingerprint(self, rel: str) -> str | None:
         """The fingerprint of what the tree holds at ``rel`` itself (participants/fs.py)."""
+        kind = self._tree_kind(rel)
         full = os.path.join(self.root, rel)
-        try:
-            st = os.lstat(full)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if stat.S_ISLNK(st.st_mode):
+        if kind == "symlink":
             return link_fingerprint(os.readlink(full))
-        if stat.S_ISDIR(st.st_mode):
-            return DIR_FINGERPRINT
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAFile(f"{rel} is not a regular file, link or directory", path=rel)
+        if kind != "file":
+            return DIR_FINGERPRINT if kind == "dir" else None
         fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             return sha256_fd(fd)[0]

@@ -221,6 +221,19 @@ def first_left(root: str, rel_dir: str, deleted: Callable[[str], bool]) -> str |
     return None
 
 
+def _make_claim(claim: str, fill: Callable[[int], Any]) -> str:
+    """Write ``claim`` (a copy to rename over a target, in objects/tmp) through ``fill``,
+    synced, under a ``.part`` name first: it exists whole or not at all."""
+    fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
+    try:
+        fill(fd)
+        fsync_fd(fd)
+    finally:
+        os.close(fd)
+    os.rename(claim + ".part", claim)
+    return claim
+
+
 def _short(fingerprint: str | None) -> str:
     if fingerprint is None:
         return "absent"
@@ -566,15 +579,7 @@ class FileParticipant:
             return claim  # made by an earlier, interrupted run of this apply
         if not copy:
             return self.blobs.path(digest)
-        fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                     0o444)
-        try:
-            self.blobs.copy_to(digest, fd)
-            fsync_fd(fd)
-        finally:
-            os.close(fd)
-        os.rename(claim + ".part", claim)
-        return claim
+        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd))
 
     def _inline_source(self, tid: str, k: int, digest: str, data_b64: str, copy: bool,
                        check: bool) -> tuple[str, bool]:
@@ -600,15 +605,7 @@ class FileParticipant:
                 finally:
                     os.close(fd)
         data = binascii.a2b_base64(data_b64)
-        fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                     0o444)
-        try:
-            write_all(fd, data)
-            fsync_fd(fd)
-        finally:
-            os.close(fd)
-        os.rename(claim + ".part", claim)
-        return claim, False
+        return _make_claim(claim, lambda fd: write_all(fd, data)), False
 
     def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int:
         """The directory that holds the k-th placed content; placed again from the blob (or

@@ -67,7 +67,7 @@ DEFAULT_TIMEOUT_MS = 24 * 3600 * 1000
 COMPACT_FINISHED_MAX = 64
 COMPACT_BYTES_MAX = 1 << 20
 # Garbage: blobs unnamed by live transactions after an hour; pre-images after a day.
-BLOB_GRACE_S = 3600.0
+BLOB_GRACE_S = float(os.environ.get("AGENT2PC_BLOB_GRACE_S", 3600))
 PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 24 * 3600))
 GC_INTERVAL_S = 3600.0
 TX_LOCKS_CACHED_MAX = 256

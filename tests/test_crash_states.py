@@ -44,6 +44,29 @@ def explore(tmp_path, *args: str) -> dict:
     return report
 
 
+def test_the_log_exists_before_the_first_transaction(tmp_path):
+    """init makes the log and syncs its directory: a log made by the first append had a name
+    that no fsync of the log makes durable (the posix model lost whole logs, acknowledged
+    commits included)."""
+    from crashsim import fsmodel, trace
+
+    root = tmp_path / "repo"
+    root.mkdir()
+    assert subprocess.run([sys.executable, "-m", "agent_2pc", "--root", str(root), "init"],
+                          capture_output=True, timeout=60).returncode == 0
+    assert (root / ".agent-tx" / "wal.bin").is_file()
+    fs = fsmodel.snapshot(str(root))
+    out = str(tmp_path / "begin.trace")
+    proc = trace.run_traced([sys.executable, "-m", "agent_2pc", "--root", str(root), "begin"],
+                            out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    interp = fsmodel.Interpreter(fs)
+    interp.feed(trace.parse(out))
+    made = [op.name for op in interp.ops if op.kind == "link"]
+    assert made == [], f"begin made {made}"
+    assert any(op.kind == "write" for op in interp.ops)  # it did append, to the log made at init
+
+
 def test_the_explorer_reports_planted_violations():
     """A clean run means something: a lost acknowledged commit, wrong content in the tree and
     a log damaged in its middle are reported, and the posix model does generate the state

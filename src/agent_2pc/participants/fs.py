@@ -221,12 +221,13 @@ def first_left(root: str, rel_dir: str, deleted: Callable[[str], bool]) -> str |
     return None
 
 
-def _make_claim(claim: str, fill: Callable[[int], Any]) -> str:
+def _make_claim(claim: str, fill: Callable[[int], Any], mode: int) -> str:
     """Write ``claim`` (a copy to rename over a target, in objects/tmp) through ``fill``,
-    synced, under a ``.part`` name first: it exists whole or not at all."""
+    with ``mode``, synced, under a ``.part`` name first: it exists whole or not at all."""
     fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
     try:
         fill(fd)
+        os.fchmod(fd, mode)
         fsync_fd(fd)
     finally:
         os.close(fd)
@@ -538,15 +539,19 @@ class FileParticipant:
                     copy = blob in keep or later_uses[blob] > 0
                     if k in inline:
                         src, unsynced = self._inline_source(tx.tid, k, blob, inline[k], copy,
-                                                            check=seen is None)
+                                                            seen is None, mode)
                     else:
-                        src, unsynced = self._source(tx.tid, k, blob, copy), False
+                        src, unsynced = self._source(tx.tid, k, blob, copy, mode), False
                     fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
                     try:
-                        if unsynced:  # a small file's blob: synced here, not at prepare
+                        # The mode before the name, synced with it: a chmod after the
+                        # rename could be lost by a crash that keeps the end record.
+                        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                            os.fchmod(fd, mode)
+                            unsynced = True
+                        if unsynced:  # a small file's blob, or a new mode: synced here
                             fsync_fd(fd)
                         os.rename(src, name, dst_dir_fd=dfd)
-                        os.fchmod(fd, mode)
                     finally:
                         os.close(fd)
                 elif op.op == "symlink":
@@ -556,7 +561,7 @@ class FileParticipant:
                     if cur is not None:
                         os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
                     os.mkdir(name, 0o700, dir_fd=dfd)
-                    self._ensure_mode(dfd, name, mode)
+                    self._ensure_mode(dfd, name, mode, sync=False)  # synced as touched
                     dirs.open(op.path)
                     touched.add(op.path)  # fsync the new directory's own inode too
                 touched.add(parent)
@@ -571,7 +576,7 @@ class FileParticipant:
         finally:
             dirs.close()
 
-    def _source(self, tid: str, k: int, digest: str, copy: bool) -> str:
+    def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int) -> str:
         """The file to rename over the k-th target: the blob itself, or a synced copy of it
         when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash)."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
@@ -579,10 +584,10 @@ class FileParticipant:
             return claim  # made by an earlier, interrupted run of this apply
         if not copy:
             return self.blobs.path(digest)
-        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd))
+        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd), mode)
 
     def _inline_source(self, tid: str, k: int, digest: str, data_b64: str, copy: bool,
-                       check: bool) -> tuple[str, bool]:
+                       check: bool, mode: int) -> tuple[str, bool]:
         """As ``_source``, for a small file whose content the decision carries: (the file to
         rename over the k-th target, whether it still needs an fsync). The blob, unless it
         must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
@@ -605,7 +610,7 @@ class FileParticipant:
                 finally:
                     os.close(fd)
         data = binascii.a2b_base64(data_b64)
-        return _make_claim(claim, lambda fd: write_all(fd, data)), False
+        return _make_claim(claim, lambda fd: write_all(fd, data), mode), False
 
     def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int:
         """The directory that holds the k-th placed content; placed again from the blob (or
@@ -631,11 +636,15 @@ class FileParticipant:
         return claim
 
     @staticmethod
-    def _ensure_mode(dfd: int, name: str, mode: int) -> None:
+    def _ensure_mode(dfd: int, name: str, mode: int, sync: bool = True) -> None:
+        """Give ``name`` its mode; a change is synced (unless the caller syncs it): the end
+        record must not become durable before it."""
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         try:
             if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
                 os.fchmod(fd, mode)
+                if sync:
+                    fsync_fd(fd)
         finally:
             os.close(fd)
 

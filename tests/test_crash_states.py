@@ -49,6 +49,7 @@ def explore(tmp_path, *args: str) -> dict:
 # adds the states in which one file or directory loses its unsynced tail (crashsim/models.py).
 FOUND = [
     pytest.param("small", "posix", 0, id="a-files-mode-is-durable-before-its-end-record"),
+    pytest.param("crossdev", "ext4", 0, id="the-log-is-synced-before-anything-is-placed"),
 ]
 
 

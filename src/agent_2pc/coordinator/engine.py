@@ -299,7 +299,7 @@ class Engine(Staging, Runs):
         """Ask the participants in turn; the first no stops the rest. The files go first: a
         conflict must abort before any remote call is made."""
         try:
-            vote = self.fs.prepare(tx)
+            vote = self.fs.prepare(tx, self.log.sync)
         except OSError as exc:  # a participant that raises has voted no
             vote = Vote.no("prepare_failed", f"preparing the files failed: {exc}")
         if vote.yes and tx.effects:

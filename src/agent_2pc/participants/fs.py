@@ -260,7 +260,10 @@ class FileParticipant:
 
     # -- prepare ---------------------------------------------------------------------------
 
-    def prepare(self, tx: Tx) -> Vote:
+    def prepare(self, tx: Tx, sync_log: Callable[[], None] | None = None) -> Vote:
+        """Vote on ``tx``. ``sync_log`` makes the log durable; it is called before anything
+        is placed in the tree (a target on another file system), so that a machine crash
+        cannot keep what was placed and lose the records that say whose it is."""
         changes = tx.changes()
         self._placed[tx.tid] = {}  # nothing placed yet (an abort has nothing to look for)
         dirs = Dirs(self.root)
@@ -327,6 +330,8 @@ class FileParticipant:
                 path = next(op.path for _, op in writes if op.blob == exc.digest)
                 return Vote.no("corrupt_blob", f"the staged content of {path}: {exc}; "
                                "stage it again")
+            if foreign and sync_log is not None:
+                sync_log()
             placed = self._place(dirs, tx.tid, foreign)
             self._seen[tx.tid] = seen
             self._modes[tx.tid] = {

@@ -209,6 +209,12 @@ class Log:
             self._offset = len(data)
         return len(data)
 
+    def sync(self) -> None:
+        """Make everything appended so far durable (one fsync of the log)."""
+        with self._mutex:
+            if self._fd is not None:
+                fsync_fd(self._fd)
+
     def size(self) -> int:
         try:
             return os.stat(self.path).st_size

@@ -510,11 +510,15 @@ class FileParticipant:
                     mode = modes.get(k, op.mode if op.mode is not None else 0o644)
                     if seen is None and cur == op.blob:  # put in place by an earlier run
                         self._ensure_mode(dirs.open(parent), name, mode)
+                        if k in placed:  # a file system that kept both names of the rename
+                            self._drop_placed(dirs, tx.tid, k, placed[k], touched)
                         out.files.append(op.path)
                         continue
                 elif op.op == "symlink":
                     assert op.target is not None
                     if cur == link_fingerprint(op.target):  # in place (an earlier run, or pre)
+                        if seen is None and k in placed:
+                            self._drop_placed(dirs, tx.tid, k, placed[k], touched)
                         out.files.append(op.path)
                         continue
                 else:
@@ -626,6 +630,16 @@ class FileParticipant:
         except FileNotFoundError:
             self._place(dirs, tid, [(k, op, home)])
         return hfd
+
+    @staticmethod
+    def _drop_placed(dirs: Dirs, tid: str, k: int, home: str, touched: set[str]) -> None:
+        """A redo found the k-th target in place: its placed name, if a crash kept it
+        (a rename is not atomic everywhere), goes."""
+        try:
+            os.unlink(placed_name(tid, k), dir_fd=dirs.open(home))
+        except (FileNotFoundError, PathChanged):
+            return
+        touched.add(home)
 
     def _link_source(self, tid: str, k: int, target: str) -> str:
         """A symbolic link to ``target`` to rename over the k-th target

@@ -576,6 +576,8 @@ class FileParticipant:
                 touched.add(parent)
                 out.files.append(op.path)
                 crashpoints.hit("commit.mid_apply")
+            if seen is None:
+                self._touch_all(dirs, changes, touched)
             for rel_dir in touched | dirs.grew:
                 dir_fd = dirs.fds.get(rel_dir)
                 if dir_fd is not None:
@@ -630,6 +632,26 @@ class FileParticipant:
         except FileNotFoundError:
             self._place(dirs, tid, [(k, op, home)])
         return hfd
+
+    @staticmethod
+    def _touch_all(dirs: Dirs, changes: list[Op], touched: set[str]) -> None:
+        """A redo: what the interrupted run renamed, unlinked or made may be in the page cache
+        only (a killed process is not a machine crash), and a redo that finds it in place does
+        nothing to it. Every directory on the way to every target that exists is synced,
+        before the end record can become durable."""
+        seen: set[str] = set()
+        for op in changes:
+            rel = split(op.path)[0]
+            while rel not in seen:
+                seen.add(rel)
+                try:
+                    dirs.open(rel)
+                    touched.add(rel)
+                except (OSError, PathChanged):
+                    pass
+                if not rel:
+                    break
+                rel = rel.rpartition("/")[0]
 
     @staticmethod
     def _drop_placed(dirs: Dirs, tid: str, k: int, home: str, touched: set[str]) -> None:

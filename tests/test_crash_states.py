@@ -51,6 +51,7 @@ FOUND = [
     pytest.param("small", "posix", 0, id="a-files-mode-is-durable-before-its-end-record"),
     pytest.param("crossdev", "ext4", 0, id="the-log-is-synced-before-anything-is-placed"),
     pytest.param("recovery", "posix", 0, id="a-redo-syncs-what-the-killed-run-renamed"),
+    pytest.param("large", "posix", 1, id="a-blob-leaves-objects-only-for-durable-directories"),
 ]
 
 

@@ -551,6 +551,8 @@ class FileParticipant:
                                                             seen is None, mode)
                     else:
                         src, unsynced = self._source(tx.tid, k, blob, copy, mode), False
+                        if src == self.blobs.path(blob):
+                            self._sync_made_dirs(dirs, parent)
                     fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
                     try:
                         # The mode before the name, synced with it: a chmod after the
@@ -632,6 +634,21 @@ class FileParticipant:
         except FileNotFoundError:
             self._place(dirs, tid, [(k, op, home)])
         return hfd
+
+    @staticmethod
+    def _sync_made_dirs(dirs: Dirs, rel_dir: str) -> None:
+        """Before a blob leaves objects/ for ``rel_dir`` (a file too big for the decision to
+        carry): the names of the directories this apply made on the way are durable. Else a
+        crash could keep the blob's departure and lose the new directory that holds it, and
+        the content would be nowhere a redo can find it."""
+        rel = rel_dir
+        while True:
+            if rel in dirs.grew:
+                fsync_fd(dirs.open(rel))
+                dirs.grew.discard(rel)
+            if not rel:
+                return
+            rel = rel.rpartition("/")[0]
 
     @staticmethod
     def _touch_all(dirs: Dirs, changes: list[Op], touched: set[str]) -> None:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 
 import pytest
+from crashsim.workloads import all_workloads
 
 pytestmark = [
     pytest.mark.timeout(600),
@@ -85,6 +86,15 @@ def test_the_log_exists_before_the_first_transaction(tmp_path):
     made = [op.name for op in interp.ops if op.kind == "link"]
     assert made == [], f"begin made {made}"
     assert any(op.kind == "write" for op in interp.ops)  # it did append, to the log made at init
+
+
+@pytest.mark.parametrize("workload", sorted(all_workloads()))
+def test_no_crash_state_breaks_an_invariant(tmp_path, workload):
+    report = explore(tmp_path, "-w", workload, "--budget", str(CI_BUDGET), "--seed", "1")
+    bad = [r for r in report["results"] if r["violations"]]
+    assert not bad, json.dumps(bad, indent=1)[:6000]
+    assert {r["model"] for r in report["results"]} == {"ext4", "posix"}
+    assert all(r["states_checked"] > 0 for r in report["results"])
 
 
 def test_the_explorer_reports_planted_violations():

@@ -39,7 +39,7 @@ import stat
 from .. import crashpoints
 from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
-from ..storage.durable import fsync_fd, write_all
+from ..storage.durable import fsync_fd, rename, write_all
 from ..storage.hashing import link_fingerprint, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -229,9 +229,12 @@ def _make_claim(claim: str, fill: Callable[[int], Any], mode: int) -> str:
         fill(fd)
         os.fchmod(fd, mode)
         fsync_fd(fd)
+    except BaseException:
+        os.unlink(claim + ".part")  # never trusted after a failed fsync: written anew
+        raise
     finally:
         os.close(fd)
-    os.rename(claim + ".part", claim)
+    rename(claim + ".part", claim)
     return claim
 
 
@@ -540,7 +543,7 @@ class FileParticipant:
                     hfd = self._ensure_placed(dirs, tx.tid, k, op, home)
                     if op.op == "write":  # its mode before it is visible
                         self._ensure_mode(hfd, placed_name(tx.tid, k), mode)
-                    os.rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
+                    rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
                     touched.add(home)
                 elif op.op == "write":
                     blob = op.blob
@@ -562,12 +565,12 @@ class FileParticipant:
                             unsynced = True
                         if unsynced:  # a small file's blob, or a new mode: synced here
                             fsync_fd(fd)
-                        os.rename(src, name, dst_dir_fd=dfd)
+                        rename(src, name, dst_dir_fd=dfd)
                     finally:
                         os.close(fd)
                 elif op.op == "symlink":
                     assert op.target is not None
-                    os.rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
+                    rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
                 else:
                     if cur is not None:
                         os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory

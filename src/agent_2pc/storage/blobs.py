@@ -24,7 +24,7 @@ import errno
 import itertools
 import os
 
-from .durable import fsync_dir, fsync_fd, write_all
+from .durable import fsync_dir, fsync_fd, rename, write_all
 from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
 
 _counter = itertools.count()
@@ -60,7 +60,7 @@ class Pending:
             if present:
                 os.unlink(self._tmp)
             else:
-                os.rename(self._tmp, self.store.path(self.digest))
+                rename(self._tmp, self.store.path(self.digest))
             self._tmp = None
         elif not present:
             assert self._data is not None
@@ -101,7 +101,7 @@ class BlobStore:
             write_all(fd, data)
         finally:
             os.close(fd)
-        os.rename(tmp, self.path(digest))
+        rename(tmp, self.path(digest))
 
     def put_bytes(self, data: bytes) -> Pending:
         digest = sha256_bytes(data)

@@ -21,7 +21,7 @@ from _thread import RLock
 from .. import crashpoints
 from ..errors import CorruptWal
 from . import wal_format
-from .durable import fsync_dir, fsync_fd, write_all
+from .durable import fsync_dir, fsync_fd, rename, write, write_all
 from .locks import FileLock
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -174,7 +174,7 @@ class Log:
                 assert fd is not None
                 crashpoints.hit("wal.torn_append", before_exit=lambda: write_all(
                     fd, frames[: max(1, len(frames) // 2)]))
-                written = os.write(fd, frames)
+                written = write(fd, frames)
                 if written != len(frames):  # a short write: finish it
                     write_all(fd, memoryview(frames)[written:])
                 if sync:
@@ -200,7 +200,7 @@ class Log:
         finally:
             os.close(fd)
         crashpoints.hit("compact.before_rename")
-        os.rename(tmp, self.path)
+        rename(tmp, self.path)
         fsync_dir(os.path.dirname(self.path))
         with self._mutex:
             if self._fd is not None:

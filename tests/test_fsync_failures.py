@@ -18,6 +18,7 @@ so that content placed on another file system is covered too.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -114,6 +115,15 @@ def test_a_failing_write_fsync_or_rename_is_a_clear_error_and_recovery_is_all_or
     assert not [n for n in out["objects"] if n.endswith(".part")]
     assert out["probe"]["exit"] == 0, out["probe"]
     assert out["log_after_probe"]["damage"] is None
+
+
+def test_a_blob_whose_fsync_failed_is_never_trusted_again(tmp_path):
+    """Its bytes may be gone from the disk while the page cache still shows them: it is
+    discarded, and staging the same content again writes it anew."""
+    out = run(tmp_path, "fault", "8", "blobs.make_durable:fsync=EIO")
+    assert json.loads(out["steps"][-1]["stdout"])["error"]["code"] == "prepare_failed"
+    big = hashlib.sha256(bytes(range(256)) * 400).hexdigest()
+    assert big not in out["blobs_after_fault"]
 
 
 def test_a_failing_fsync_of_the_fence_store_raises_and_is_never_taken_for_durable(tmp_path):

@@ -39,7 +39,7 @@ import stat
 from .. import crashpoints
 from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
-from ..storage.durable import fsync_fd, rename, write_all
+from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
 from ..storage.hashing import link_fingerprint, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -564,7 +564,14 @@ class FileParticipant:
                             os.fchmod(fd, mode)
                             unsynced = True
                         if unsynced:  # a small file's blob, or a new mode: synced here
-                            fsync_fd(fd)
+                            try:
+                                fsync_fd(fd)
+                            except FsyncFailed:
+                                if k in inline and src == self.blobs.path(blob):
+                                    # Never trusted again (fsyncgate): a redo writes the
+                                    # content anew from the decision.
+                                    self.blobs.discard(blob)
+                                raise
                         rename(src, name, dst_dir_fd=dfd)
                     finally:
                         os.close(fd)

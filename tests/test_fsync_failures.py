@@ -136,6 +136,18 @@ def test_a_small_files_blob_whose_fsync_failed_is_written_again_from_the_decisio
     assert out["after"]["dup2.txt"] == ["same\n", 0o644]
 
 
+def test_a_log_whose_fsync_failed_is_written_anew_before_anyone_believes_it(tmp_path):
+    """The commit decision's fsync fails: the commit answers io_error (never committed), the
+    log is marked, and the next command writes it into a fresh, synced file before recovery
+    reads a decision from it."""
+    out = run(tmp_path, "fault", "8", "log.append:fsync=EIO")
+    answer = json.loads(out["steps"][-1]["stdout"])
+    assert answer["error"]["code"] == "io_error" and answer["error"]["errno"] == "EIO"
+    assert out["log_after_fault"]["unsynced_mark"]
+    assert out["log_after_recover"]["ino"] != out["log_after_fault"]["ino"]
+    assert not out["log_after_recover"]["unsynced_mark"]
+
+
 def test_a_failing_fsync_of_the_fence_store_raises_and_is_never_taken_for_durable(tmp_path):
     code = """
 import sys

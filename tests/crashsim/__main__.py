@@ -99,6 +99,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"{w.name:9} {name:6} ops {res.ops:4}  points {res.crash_points:3}  "
                   f"generated {res.generated:6}  unique {res.unique:5}  checked "
                   f"{res.checked:5}  violations {len(res.violations):3}  "
+                  f"{f'refused {res.refusals}  ' if res.refusals else ''}"
                   f"{res.seconds:6.1f} s", file=sys.stderr, flush=True)
             for v in res.violations[:3]:
                 print("   ", json.dumps(v.to_json())[:1500], file=sys.stderr)

@@ -51,6 +51,7 @@ class State:
     c_max: int = 0
     why: str = ""
     rank: int = 9  # how likely it is to break something (checked first when low): see RANKS
+    lost_unsure: bool = False  # it drops an operation that a failed fsync was to sync
 
 
 # The explorer checks states in this order when it cannot check them all: what a crash most
@@ -276,8 +277,11 @@ class Generator:
                 if kept2 in seen:
                     continue
                 seen.add(kept2)
-                out.append(self._state(kept2, None, c, why))
-                out.extend(self._torn(kept2, counts, ranges, c, why))
+                states = [self._state(kept2, None, c, why),
+                          *self._torn(kept2, counts, ranges, c, why)]
+                for st in states:
+                    st.lost_unsure = kept2 != kept
+                out.extend(states)
         return out
 
     def _kept(self, counts: dict[object, int]) -> frozenset[int]:

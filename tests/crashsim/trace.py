@@ -75,19 +75,22 @@ def strace_path() -> str | None:
     return shutil.which("strace")
 
 
-def traced(argv: list[str], out: str) -> list[str]:
-    """``argv`` run under strace, writing the trace to ``out``."""
+def traced(argv: list[str], out: str, inject: str | None = None) -> list[str]:
+    """``argv`` run under strace, writing the trace to ``out``; ``inject`` makes a system call
+    fail for real (``fsync:error=EIO:when=1``: the first fsync; the trace says INJECTED)."""
     exe = strace_path()
     if exe is None:
         raise TraceError("strace is not installed (apt-get install strace)")
     return [exe, "-f", "-qq", "-xx", "-y", "-yy", "--pidns-translation", "-s",
-            str(STRSIZE_MAX), "-e", "signal=none", "-e", f"trace={TRACED}", "-o", out, *argv]
+            str(STRSIZE_MAX), "-e", "signal=none", "-e", f"trace={TRACED}",
+            *(["-e", f"inject={inject}"] if inject else []), "-o", out, *argv]
 
 
 def run_traced(argv: list[str], out: str, *, cwd: str | None = None,
                env: dict[str, str] | None = None, timeout_s: float = 300.0,
-               stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(traced(argv, out), cwd=cwd, env=env, input=stdin,
+               stdin: bytes | None = None, inject: str | None = None
+               ) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(traced(argv, out, inject), cwd=cwd, env=env, input=stdin,
                           capture_output=True, timeout=timeout_s, check=False)
 
 

@@ -29,6 +29,7 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     stdin: bytes | None = None
     expect: tuple[int, ...] = (0,)
+    inject: str | None = None  # strace -e inject=...: a system call that fails for real
 
 
 @dataclass
@@ -129,6 +130,15 @@ def all_workloads() -> dict[str, Workload]:
                  steps=[BEGIN, _w("t0", "mnt/keep.txt", "changed on tmpfs\n"),
                         _w("t0", "mnt/new/deep.txt", "x" * 10000),
                         _w("t0", "a.txt", "root 2\n"), _commit("t0")]),
+        Workload("fsyncgate", "the commit decision's fsync fails (EIO, injected by strace into "
+                 "the real system call): the commit answers io_error, and what the failed fsync "
+                 "was to sync may be lost at any later crash, even after later fsyncs succeed; "
+                 "then recover and the next commit",
+                 files={"a.txt": "a\n"},
+                 steps=[BEGIN, _w("t0", "a.txt", "A\n"),
+                        Step(["commit", "--tid", "{t0}"], expect=(2,),
+                             inject="fsync:error=EIO:when=1"),
+                        Step(["recover"]), BEGIN, _w("t1", "b.txt", "b\n"), _commit("t1")]),
         Workload("recovery", "a commit killed after its first file operation (a process crash: "
                  "the page cache keeps everything), then recover, then the next commit -- "
                  "crash states of recovery itself and of what it left unsynced",

@@ -339,7 +339,8 @@ class Generator:
     def _state(self, kept: frozenset[int], torn: tuple[int, int, bool] | None, c: int,
                why: str) -> State:
         c_min = max(kept) + 1 if kept else 0
-        c_max = self._valid_until(kept, c)
+        # a torn write is not on disk whole: no barrier after it may have happened
+        c_max = self._valid_until(kept - {torn[0]} if torn else kept, c)
         rank = next((r for prefix, r in RANKS.items() if why.startswith(prefix)), 5)
         return State(kept, torn, c_min, c_max, why, rank + (1 if torn else 0))
 

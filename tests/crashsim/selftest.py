@@ -44,6 +44,9 @@ def synthetic_rename_without_dir_fsync() -> list[str]:
             problems.append("posix: no state keeps tmp and loses f")
         if (b"", False) in found:
             problems.append(f"{name}: a state with f empty, yet its data was fsynced")
+        for st in models.Generator(ops, model, per_point_max=1000).states():
+            if st.torn is not None and st.torn[0] == 1 and st.c_max > 2:
+                problems.append(f"{name}: a torn write counted as possible after its fsync")
     return problems
 
 

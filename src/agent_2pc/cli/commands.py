@@ -309,7 +309,8 @@ def text_recover(r: dict[str, Any]) -> str:
 def text_batch(r: dict[str, Any]) -> str:
     lines = [f"{r['state']} {r['tid']}"]
     for s in r["steps"]:
-        lines.append(f"  step {s['index']}: {s['type']} {'ok' if s['ok'] else 'FAILED'}")
+        pid = f" ({s['participant_id']})" if s.get("participant_id") else ""
+        lines.append(f"  step {s['index']}{pid}: {s['type']} {'ok' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)
 
 

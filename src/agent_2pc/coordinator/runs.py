@@ -101,12 +101,12 @@ def check_env(env: Any) -> dict[str, str]:
     if env is None:
         return {}
     if not isinstance(env, dict) or len(env) > ENV_VARS_MAX:
-        raise UsageError(f"env is a JSON object of at most {ENV_VARS_MAX} NAME: value pairs")
+        raise UsageError(f"env is at most {ENV_VARS_MAX} NAME: value pairs")
     for name, value in env.items():
         if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-            raise UsageError(f"env: {name!r} is not a variable name")
+            raise UsageError(f"{name!r} is not an environment variable name")
         if not isinstance(value, str) or "\0" in value or len(value) > ENV_VALUE_CHARS_MAX:
-            raise UsageError(f"env: the value of {name} must be a string without NUL, at most "
+            raise UsageError(f"the value of {name} must be a string without NUL, at most "
                              f"{ENV_VALUE_CHARS_MAX} characters")
     return dict(env)
 

@@ -841,3 +841,24 @@ def test_json_option_values_are_loaded_within_bounds(world, cli_raw, snapshot, t
     assert parse_one_object(proc)["error"]["code"] == "usage"
     assert snapshot() == before
 
+
+
+def test_a_log_record_nested_past_the_parser_is_corrupt_wal_not_a_traceback(root, cli_raw):
+    """A workspace's files are input too (a cloned repository may carry .agent-tx/): a record
+    with a valid CRC whose JSON is nested too deep for the parser is a damaged record."""
+    import struct
+    import zlib
+
+    def frame(payload: bytes) -> bytes:
+        return struct.pack("<4sBII", b"A2PC", 1, len(payload), zlib.crc32(payload)) + payload
+
+    with open(os.path.join(root, ".agent-tx", "history.jsonl"), "ab") as f:
+        f.write(b"[" * 5000 + b"\n")  # a line that does not parse is skipped, as a torn one
+    proc = cli_raw("list", json=True)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-600:])
+    deep = b'{"type":"begin","tid":"tx-x","ts":1,"a":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with open(os.path.join(root, ".agent-tx", "wal.bin"), "ab") as f:
+        f.write(frame(deep) + frame(b'{"type":"abort","tid":"tx-y","ts":2}'))
+    proc = cli_raw("status", json=True)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-600:])
+    assert parse_one_object(proc)["error"]["code"] == "corrupt_wal"

@@ -401,7 +401,10 @@ class Runs:
                                               c.mode, pre)
                     records.append(rec)
                     puts[rel] = c.op
-                    staged.append(c.to_json())
+                    row = c.to_json()
+                    if row.get("mode") is not None:
+                        row["mode"] = rec["mode"]  # as staged: permission bits only
+                    staged.append(row)
             except BaseException:
                 for p in pending:
                     p.discard()

@@ -478,7 +478,7 @@ class FileParticipant:
                 self._apply_in(tx, seen, keep, dirs, out)
             finally:
                 dirs.close()
-        except (OSError, BlobCorrupt, ValueError) as exc:  # ValueError: bad inline base64
+        except (OSError, BlobCorrupt, PathChanged, binascii.Error) as exc:
             raise ApplyFailed(exc, out.files + out.diverged) from exc
         out.files.sort()
         return out

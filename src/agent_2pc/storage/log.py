@@ -110,9 +110,9 @@ class Log:
         batch.records.clear()
         batch.frames.clear()
         try:
-            workspace_id, self._offset = wal_format.read_log_header(
-                os.pread(self._fd, HEADER_READ_BYTES, 0))
-            self.header = os.pread(self._fd, self._offset, 0)
+            head = os.pread(self._fd, HEADER_READ_BYTES, 0)
+            workspace_id, self._offset = wal_format.read_log_header(head)
+            self.header = head[:self._offset]
             if self.check_header is not None:
                 self.check_header(workspace_id)
         except BaseException:

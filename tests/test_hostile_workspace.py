@@ -231,6 +231,36 @@ def test_a_forged_stage_record_in_an_active_transaction_is_refused_at_commit(
     assert not os.path.exists(os.path.join(root, "fine.txt"))
 
 
+def test_a_staged_view_is_not_built_from_a_forged_record(root: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A view lays the transaction's paths out in a layer of its own, outside the tree, and
+    gives the directories on the way their modes: before the fix a forged '../../..' path
+    wrote a file into / and changed the modes of /, /dev and /dev/shm. So the view is a stub
+    here that fails if it is ever asked for (a regression must not touch the machine)."""
+    import agent_2pc.isolation as isolation
+    from agent_2pc.errors import CorruptWal
+
+    asked: list[list[str]] = []
+
+    class NoView:
+        def __init__(self, root: str, changes: list[Any], *args: Any, **kw: Any) -> None:
+            asked.append([op.path for op in changes])
+            raise AssertionError("a staged view was built from a forged record")
+
+    monkeypatch.setattr(isolation, "StagedView", NoView)
+    client = Agent2PC(root)
+    tx = client.begin()
+    tx.stage_write("fine.txt", "fine\n")
+    _blob_named(root, PAYLOAD)
+    wal = os.path.join(root, ".agent-tx", "wal.bin")
+    with open(wal, "ab") as f:
+        f.write(frame(stage("../../../../OUTSIDE.txt", tid=tx.tid)))
+    with pytest.raises(CorruptWal) as refused:
+        client.engine.stage_cmd(tx.tid, "true")
+    assert asked == []
+    assert record_at(wal, refused.value.details["offset"])["path"] == "../../../../OUTSIDE.txt"
+
+
 # -- which workspaces are used ---------------------------------------------------------------
 
 

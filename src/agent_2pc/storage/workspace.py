@@ -179,9 +179,9 @@ def _marker(dir_ino: int, log_id: str) -> bytes:
     return f"inode {dir_ino}\nlog {log_id}\n".encode()
 
 
-def _read_marker(lay: Layout) -> tuple[int, str] | None:
+def _read_marker(trust_path: str) -> tuple[int, str] | None:
     try:
-        lines = _small_file(lay.trust).decode("ascii", "replace").splitlines()
+        lines = _small_file(trust_path).decode("ascii", "replace").splitlines()
     except FileNotFoundError:
         return None
     try:
@@ -211,10 +211,11 @@ def _safe_by_env(root: str) -> bool:
 
 def check_trusted(root: str) -> None:
     """Refuse (UntrustedWorkspace) a workspace the user did not make here (module docstring);
-    the log's header is checked where the log is opened (log_check)."""
-    lay = Layout(root)
+    the log's header is checked where the log is opened (log_check). (Paths by hand: a
+    Layout costs more than the check.)"""
+    ws = os.path.join(root, DIRNAME)
     try:
-        st = os.lstat(lay.dir)
+        st = os.lstat(ws)
     except FileNotFoundError:
         raise NotInitialized(f"no agent-2pc workspace at {root}", root=root) from None
     known = _trusted.get(root)
@@ -222,11 +223,11 @@ def check_trusted(root: str) -> None:
         return
     if _safe_by_env(root):
         return
-    marker = _read_marker(lay)
+    marker = _read_marker(ws + "/TRUST")
     why = _distrust(st, marker)
     if why is not None:
         raise UntrustedWorkspace(
-            f"{lay.dir} {why}. Its log says what to write into the tree, so agent-2pc does "
+            f"{ws} {why}. Its log says what to write into the tree, so agent-2pc does "
             "not use a workspace it did not make here. If it came with a repository "
             "(.agent-tx/ should never be committed), remove it and run 'agent-2pc init'; if "
             f"you copied or moved it yourself, run 'agent-2pc trust' there (or set {SAFE_ENV})",
@@ -254,12 +255,12 @@ def log_check(root: str) -> Callable[[str | None], None] | None:
     for a root trusted through $AGENT2PC_SAFE_DIRECTORY (whatever its facts)."""
     if _safe_by_env(root):
         return None
-    lay = Layout(root)
 
     def check(log_id: str | None) -> None:
-        known = _trusted.get(root) or _read_marker(lay)
+        known = _trusted.get(root) or _read_marker(os.path.join(root, DIRNAME, "TRUST"))
         if known is not None and log_id == known[1]:
             return
+        lay = Layout(root)
         raise UntrustedWorkspace(
             f"{lay.dir} holds a log that is not its own: {lay.wal} "
             f"{'has no header' if log_id is None else 'names another workspace'}. A git "

@@ -22,6 +22,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
     |   |-- ApplyIncomplete               apply_incomplete (decided commit; recover finishes it)
+    |   |-- UntrustedWorkspace            untrusted_workspace (not made here: `agent-2pc trust`)
     |   `-- IsolationUnavailable          isolation_unavailable
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
@@ -141,6 +142,13 @@ class ApplyIncomplete(WorkspaceError):
     """The decision is commit but applying it failed (disk full, say); recover finishes it."""
 
     code = "apply_incomplete"
+
+
+class UntrustedWorkspace(WorkspaceError):
+    """A workspace this user did not make here (a clone, a copy, another user's): its log is
+    not applied until the user trusts it (``agent-2pc trust``, $AGENT2PC_SAFE_DIRECTORY)."""
+
+    code = "untrusted_workspace"
 
 
 class IsolationUnavailable(WorkspaceError):

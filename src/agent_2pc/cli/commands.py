@@ -55,6 +55,20 @@ def run_init(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return {"root": init(args["root"] or os.environ.get("AGENT2PC_ROOT") or os.getcwd())}
 
 
+def run_trust(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..coordinator.client import Agent2PC
+
+    return Agent2PC.trust(ctx.root_arg)
+
+
+def text_trust(r: dict[str, Any]) -> str:
+    live = r["transactions"]
+    lines = [f"trusted {r['root']}" + (f"; {len(live)} live transaction(s), which the next "
+                                       "command finishes or keeps:" if live else "")]
+    lines += [f"  {t['tid']} {t['state']} {t['label'] or ''}" for t in live]
+    return "\n".join(lines)
+
+
 def run_begin(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().engine.begin(timeout_ms=args["timeout_ms"], label=args["label"])
 
@@ -319,6 +333,8 @@ def text_batch(r: dict[str, Any]) -> str:
 COMMANDS: tuple[Command, ...] = (
     Command("init", "create the workspace (.agent-tx/) at the root; idempotent", run_init,
             extra={"text": lambda r: f"workspace ready at {r['root']}"}),
+    Command("trust", "use a workspace this user did not make here (copied, restored)",
+            run_trust, extra={"text": text_trust}),
     Command("begin", "start a transaction and print its id", run_begin, (
         Opt("--timeout-ms", type=int_arg, metavar="N",
             help="abort it if not committed within N ms (default 24 h; 0: never)"),

@@ -39,6 +39,24 @@ class Agent2PC:
         """Create the workspace at ``root`` (idempotent) and open it."""
         return cls(init_workspace(os.fspath(root)))
 
+    @staticmethod
+    def trust(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """Trust the workspace at ``root`` (else $AGENT2PC_ROOT, else the one at or above the
+        working directory) as the user's own (one that was copied,
+        moved across file systems or restored; never one that came with a repository), and
+        list its live transactions, which the next command will finish, without touching
+        them. ``agent-2pc trust``."""
+        from ..storage.workspace import trust
+
+        found = find_root(os.fspath(root) if root is not None else os.environ.get(
+            "AGENT2PC_ROOT"), trusted=False)
+        trust(found)
+        engine = Engine(found, recover_dead=False)
+        try:
+            return {"root": found, "transactions": engine.transactions(finished=False)}
+        finally:
+            engine.close()
+
     def begin(self, timeout_ms: int | None = None, label: str | None = None) -> "Transaction":
         return Transaction(self, self.engine.begin(timeout_ms=timeout_ms, label=label)["tid"])
 

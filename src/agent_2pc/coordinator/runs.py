@@ -136,6 +136,7 @@ class Runs:
     _stage_rec: Callable[..., dict[str, Any]]
     _tree_fingerprint: Callable[[str], str | None]
     _check_placeable: Callable[..., None]
+    _check_confined: Callable[[Tx], None]
 
     # -- the view ----------------------------------------------------------------------------
 
@@ -161,6 +162,7 @@ class Runs:
     def _view(self, tx: Tx, tier: str | None = None) -> StagedView:
         from ..isolation import StagedView
 
+        self._check_confined(tx)  # the view is built from the log's paths and blob names
         try:
             return StagedView(self.root, tx.changes(), self.blobs, tier=tier,
                               ignore=self._ignore(), scratch_dir=self.layout.tx_dir(tx.tid),

@@ -693,6 +693,19 @@ def test_exec_stages_permission_bits_only_of_what_the_command_made(world, cli):
     assert stat.S_IMODE(os.stat(os.path.join(world.root, "shared")).st_mode) == 0o777
 
 
+def test_new_content_for_a_setuid_file_keeps_its_permission_bits_only(world, cli):
+    """A rewrite that gives no mode keeps the file's mode, but not its setuid, setgid or sticky
+    bits: new content never runs with its owner's rights (docs/cli.md, Modes)."""
+    path = os.path.join(world.root, "tool")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n")
+    os.chmod(path, 0o6755)
+    assert cli("stage-write", "--tid", world.tid, "--path", "tool",
+               "--content", "#!/bin/sh\necho new\n")[0] == 0
+    assert cli("commit", "--tid", world.tid)[0] == 0
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o755
+
+
 # -- paths the file system cannot look up ------------------------------------------------------
 
 LONG_NAME = "n" * 256

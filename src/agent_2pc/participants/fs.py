@@ -353,8 +353,10 @@ class FileParticipant:
                                "stage it again")
             placed = self._place(dirs, tx.tid, foreign)
             self._seen[tx.tid] = seen
+            # New content keeps the file's permission bits, never its setuid, setgid or
+            # sticky bits (docs/cli.md, Modes).
             self._modes[tx.tid] = {
-                k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
+                k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644) & 0o777
                 for k, op in writes}
             self._placed[tx.tid] = placed
             self._inline[tx.tid] = inline

@@ -43,6 +43,7 @@ def run_shape(bench: C.BenchDir, group: int, appends: int, warmup: int, block: i
 
     d = os.path.join(bench.path, f"group{group}")
     os.makedirs(d)
+    open(os.path.join(d, "wal.bin"), "xb").close()  # init makes it; the log never does
     log = Log(os.path.join(d, "wal.bin"), os.path.join(d, "lock"))
     raw_fd = os.open(os.path.join(d, "raw.bin"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     # The same bytes for both sides: the library encodes them itself, raw gets them ready-made.

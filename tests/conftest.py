@@ -30,8 +30,9 @@ Helpers (plain functions, importable as ``from conftest import ...``)
   run_cli(args, ...)                 what ``cli_raw`` calls (see its signature).
   CLI_TIMEOUT                        seconds a single CLI call may take before the test fails.
 
-Every CLI call runs ``sys.executable -m agent_2pc`` with AGENT2PC_ROOT and AGENT2PC_CRASH_AT
-removed from the environment, so a developer's shell cannot change what a test sees.
+Every CLI call runs ``sys.executable -m agent_2pc`` with AGENT2PC_ROOT, AGENT2PC_CRASH_AT and
+AGENT2PC_SAFE_DIRECTORY removed from the environment, so a developer's shell cannot change what
+a test sees.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from agent_2pc import Agent2PC
 
 CLI_TIMEOUT = 60
 # Variables of ours that must not leak from the developer's shell into the tests.
-_SCRUB = ("AGENT2PC_ROOT", "AGENT2PC_CRASH_AT")
+_SCRUB = ("AGENT2PC_ROOT", "AGENT2PC_CRASH_AT", "AGENT2PC_SAFE_DIRECTORY")
 
 
 def _env(extra: dict[str, str] | None = None) -> dict[str, str]:

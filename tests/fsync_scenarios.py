@@ -94,8 +94,11 @@ def real_cli(root: str, args: list[str], env: dict[str, str]) -> tuple[int, str,
 
 def log_view(root: str) -> dict[str, object]:
     path = os.path.join(root, ".agent-tx", "wal.bin")
-    with open(path, "rb") as f:
-        dec = wal_format.decode(f.read())
+    try:
+        with open(path, "rb") as f:
+            dec = wal_format.decode(f.read())
+    except FileNotFoundError:  # init failed before it made the log
+        return {"damage": "missing", "ino": None, "unsynced_mark": False}
     return {"damage": None if dec.damage is None else dec.damage.reason,
             "ino": os.stat(path).st_ino,
             "unsynced_mark": os.path.exists(path + ".unsynced")}
@@ -139,6 +142,10 @@ def main(root: str, mode: str, fault_step: int = -1, spec: str = "") -> dict[str
             break
     out["tids"] = ctx
     out["sites"] = sites
+    if fault_step == 0:  # init failed: what does the next command say?
+        code, stdout, stderr = fork_cli(root, ["status"])
+        out["next"] = {"exit": code, "stdout": stdout, "stderr": stderr[-3000:]}
+        return out
     out["before_recover"] = _tree(root)
     code, stdout, stderr = fork_cli(root, ["recover"])
     out["recover"] = {"exit": code, "stdout": stdout, "stderr": stderr[-3000:]}

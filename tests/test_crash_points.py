@@ -43,6 +43,7 @@ class World:
         with tempfile.TemporaryDirectory(dir=self.root.parent) as d:
             copy = Path(d) / "copy"
             shutil.copytree(self.root, copy, symlinks=True)
+            Agent2PC.trust(copy)  # a copy is not the workspace init made: say it is ours
             Agent2PC(copy).engine.commit(self.tid)
             return snapshot(copy)
 
@@ -132,7 +133,8 @@ def compact_crash(point: str):
         assert w.state() == "committed"
         rows = Agent2PC(w.root).transactions()
         assert [r["tid"] for r in rows].count(w.tid) == 1
-        assert w.client.engine.compact()["after_bytes"] == 0
+        log = w.client.engine.log
+        assert w.client.engine.compact()["after_bytes"] == len(log.header) > 0  # header only
         assert Agent2PC(w.root).engine.commit(w.tid)["state"] == "committed"  # same answer
     return scenario
 

@@ -37,7 +37,10 @@ pytestmark = [
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fsync_scenarios.py")
 FENCE_SITES = {"_sqlite.sync:fsync", "_sqlite.sync:fsync_dir"}  # the fence library's own
-CLI_SITES = sorted(set(SITES) - FENCE_SITES)
+# `trust` of a log made before logs had headers (by hand, or by an old version): not a step of
+# the scenario's workspace, which init made with its header.
+TRUST_SITES = {s for s in SITES if s.startswith("workspace._log_id:")}
+CLI_SITES = sorted(set(SITES) - FENCE_SITES - TRUST_SITES)
 CODES = {"io_error", "apply_incomplete", "prepare_failed"}
 
 
@@ -97,6 +100,13 @@ def test_a_failing_write_fsync_or_rename_is_a_clear_error_and_recovery_is_all_or
     assert answer["ok"] is False and answer["error"]["code"] in CODES, answer
     assert f"injected at {site}" in failed["stdout"], answer  # it failed where it was told
     assert answer.get("state") != "committed"
+    if failed["label"] == "init":
+        # init stopped half-way; the next command refuses the half-made workspace clearly
+        # (remove .agent-tx/ and init again).
+        nxt = out["next"]
+        assert nxt["exit"] == 2 and "Traceback" not in nxt["stderr"], nxt
+        assert json.loads(nxt["stdout"])["ok"] is False
+        return
     assert out["recover"]["exit"] == 0, out["recover"]
     assert out["log_after_recover"]["damage"] is None
     assert not out["log_after_recover"]["unsynced_mark"]
@@ -108,10 +118,8 @@ def test_a_failing_write_fsync_or_rename_is_a_clear_error_and_recovery_is_all_or
         # (cutting a torn tail is the first thing any step does: then the commit never began)
         tid = tids[failed["label"].split()[1]]
         assert out["states"][tid] in ("committed", "aborted"), out["states"]
-    init_failed = failed["label"] == "init"
-    if not init_failed:
-        want = expected_tree(clean, out["states"], tids)
-        assert out["after"] == want, (out["after"], want)
+    want = expected_tree(clean, out["states"], tids)
+    assert out["after"] == want, (out["after"], want)
     assert not [n for n in out["objects"] if n.endswith(".part")]
     assert out["probe"]["exit"] == 0, out["probe"]
     assert out["log_after_probe"]["damage"] is None
@@ -129,7 +137,7 @@ def test_a_blob_whose_fsync_failed_is_never_trusted_again(tmp_path):
 def test_a_small_files_blob_whose_fsync_failed_is_written_again_from_the_decision(tmp_path):
     # The apply's 2nd fsync: dup2.txt's blob ("same"), moved into the tree (big.bin's mode
     # change was the 1st; dup1.txt got a synced copy).
-    out = run(tmp_path, "fault", "8", "fs._apply:fsync:2=EIO")
+    out = run(tmp_path, "fault", "8", "fs._apply_in:fsync:2=EIO")
     assert json.loads(out["steps"][-1]["stdout"])["error"]["code"] == "apply_incomplete"
     assert hashlib.sha256(b"same\n").hexdigest() not in out["blobs_after_fault"]
     assert out["states"][out["tids"]["t0"]] == "committed"

@@ -168,6 +168,7 @@ def fold_strict(records: list[dict]) -> dict[str, Tx]:
 def _logs(tmp_path) -> tuple[Log, Log, str]:
     path = str(tmp_path / "wal.bin")
     lock = str(tmp_path / "lock")
+    open(path, "xb").close()  # init makes it; the log never does
     return Log(path, lock), Log(path, lock), path
 
 

@@ -23,6 +23,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
     |   |-- ApplyIncomplete               apply_incomplete (decided commit; recover finishes it)
     |   |-- IoFailed                      io_error         (the disk refused a write, an fsync...)
+    |   |-- UntrustedWorkspace            untrusted_workspace (not made here: `agent-2pc trust`)
     |   `-- IsolationUnavailable          isolation_unavailable
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
@@ -161,6 +162,11 @@ class IoFailed(WorkspaceError):
         return cls(f"{what} failed: {exc.strerror or exc}{where}; the step stopped there and "
                    "retried nothing. Run 'agent-2pc recover' once the disk is healthy: it "
                    "finishes or undoes what was begun, all or nothing", errno=name)
+class UntrustedWorkspace(WorkspaceError):
+    """A workspace this user did not make here (a clone, a copy, another user's): its log is
+    not applied until the user trusts it (``agent-2pc trust``, $AGENT2PC_SAFE_DIRECTORY)."""
+
+    code = "untrusted_workspace"
 
 
 class IsolationUnavailable(WorkspaceError):

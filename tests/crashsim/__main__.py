@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         from . import selftest
 
         _reboot()
+        os.environ["AGENT2PC_SAFE_DIRECTORY"] = "*"  # as in _run
         problems = selftest.run()
         print("\n".join(problems) or "self-test: every planted violation was reported")
         return 1 if problems else 0
@@ -83,6 +84,9 @@ def _run(args: argparse.Namespace) -> int:
               f"{len(recordings[w.name].ops)} operations, {time.monotonic() - t1:.1f} s",
               file=sys.stderr, flush=True)
     _reboot()
+    # A state is materialized in another directory than the one its workspace was made in
+    # (another inode of .agent-tx/): a machine crash keeps the inode, so this is no move.
+    os.environ["AGENT2PC_SAFE_DIRECTORY"] = "*"
     scratch = os.path.join(work, "scratch")
     os.makedirs(scratch)
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4g", "crashsim", scratch], check=True)

@@ -21,7 +21,9 @@ How Claude Code is run (docs/mcp.md, "Tested end to end with Claude Code"):
   ``CLAUDE_CONFIG_DIR`` and ``TMPDIR`` outside the repository, ``ANTHROPIC_BASE_URL`` = the
   stand-in, a dummy ``ANTHROPIC_API_KEY``, and every switch that turns other traffic off
   (``NETWORK_OFF``). ``ENABLE_TOOL_SEARCH=false`` makes Claude Code send the MCP tools' schemas
-  in ``tools`` at once instead of deferring them behind its ToolSearch tool.
+  in ``tools`` at once instead of deferring them behind its ToolSearch tool;
+  ``MCP_CONNECTION_NONBLOCKING=false`` makes it wait for the MCP servers before the first
+  request (checked: a server that takes 4 s to start fails two tests without it).
 """
 
 from __future__ import annotations
@@ -128,6 +130,9 @@ def claude_env(api: FakeAnthropic, home: str) -> dict[str, str]:
         "ANTHROPIC_BASE_URL": api.url,
         "ANTHROPIC_API_KEY": DUMMY_KEY,
         "ENABLE_TOOL_SEARCH": "false",
+        # In print mode Claude Code does not wait for MCP servers by default: under load the
+        # first request went out before agent-2pc's tools were listed (a flaky e2e run).
+        "MCP_CONNECTION_NONBLOCKING": "false",
     })
     os.makedirs(env["TMPDIR"], exist_ok=True)
     return env

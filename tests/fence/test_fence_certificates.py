@@ -67,6 +67,24 @@ def test_tampering_a_signature_or_lacking_the_key_fails_verify() -> None:
     assert cert().sign("k1") == signed
 
 
+def test_with_a_key_configured_a_certificate_stripped_of_its_signature_does_not_verify(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENT2PC_FENCE_HMAC_KEY", raising=False)
+    signed = cert(key="k1")
+    # The attack: change the result, recompute the hash (anyone can), drop the signature.
+    body = dict(signed.body(), result={"id": "ch_forged"})
+    forged = Certificate.from_json(dict(body, hash=hashlib.sha256(canonical(body)).hexdigest()))
+    assert forged.signature is None and forged.hash != signed.hash
+    assert not forged.verify(key="k1")
+    assert any("unsigned" in p for p in forged.problems(key="k1"))
+    assert not verify_chain([forged], key="k1")
+    assert not cert(key="k2").verify(key="k1")  # signed, but with another key
+    monkeypatch.setenv("AGENT2PC_FENCE_HMAC_KEY", "k1")  # the key from the environment
+    assert not forged.verify() and signed.verify()
+    monkeypatch.delenv("AGENT2PC_FENCE_HMAC_KEY")
+    assert forged.verify()  # no key anywhere: the hash is all there is to check
+
+
 def test_certificate_json_roundtrip_keeps_it_verifiable() -> None:
     c = cert(key="k")
     obj = c.to_json()

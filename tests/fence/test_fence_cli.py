@@ -120,13 +120,42 @@ def test_cli_verify_detects_tampering(capsys: Any, store: str) -> None:
     assert ver["problems"] == ["hash does not match the content"]
 
 
+def test_cli_verify_with_a_key_refuses_a_certificate_stripped_of_its_signature(
+        capsys: Any, store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    from agent_2pc.fence._canon import canonical
+
+    monkeypatch.setenv("AGENT2PC_FENCE_HMAC_KEY", "the key")
+    code, res = cli(capsys, "fence", "prepare", "--intent", "pay", "--args", "[1]",
+                    "--store", store)
+    code, com = cli(capsys, "fence", "commit", "--ticket", json.dumps(res["ticket"]),
+                    "--result", '{"paid": 1}', "--store", store)
+    assert code == 0 and com["cert"]["signature"].startswith("hmac-sha256:")
+    forged = {k: v for k, v in com["cert"].items() if k not in ("hash", "signature")}
+    forged["result"] = {"paid": 1000}
+    forged["hash"] = hashlib.sha256(canonical(
+        {k: v for k, v in forged.items() if k != "hash"})).hexdigest()
+    code, ver = cli(capsys, "fence", "verify", "--cert", json.dumps(forged))
+    assert code == 1 and ver["error"]["code"] == "invalid_certificate", ver
+    assert not ver["valid"] and not ver["signed"]
+    assert any("unsigned" in p for p in ver["problems"]), ver
+    code, ver = cli(capsys, "fence", "verify", "--cert", json.dumps(com["cert"]))
+    assert code == 0 and ver["valid"] and ver["signed"]
+    monkeypatch.setenv("AGENT2PC_FENCE_HMAC_KEY", "another key")
+    code, ver = cli(capsys, "fence", "verify", "--cert", json.dumps(com["cert"]))
+    assert code == 1 and ver["problems"] == ["signature does not match"], ver
+
+
 def test_cli_default_store_lives_in_the_workspace(capsys: Any, tmp_path: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AGENT2PC_FENCE_STORE", raising=False)
     monkeypatch.delenv("AGENT2PC_ROOT", raising=False)
     code, res = cli(capsys, "--root", str(tmp_path), "fence", "status")
     assert code == 2 and res["error"]["code"] == "not_initialized"
-    (tmp_path / ".agent-tx").mkdir()
+    from agent_2pc.storage.workspace import init
+
+    init(str(tmp_path))  # a workspace made here (a bare .agent-tx/ is untrusted_workspace)
     code, res = cli(capsys, "--root", str(tmp_path), "fence", "status")
     assert code == 0 and res["store"] == f"sqlite:///{tmp_path}/.agent-tx/fence.db".replace(
         "sqlite:////", "sqlite:///")

@@ -39,6 +39,24 @@ class Agent2PC:
         """Create the workspace at ``root`` (idempotent) and open it."""
         return cls(init_workspace(os.fspath(root)))
 
+    @staticmethod
+    def trust(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+        """Trust the workspace at ``root`` (else $AGENT2PC_ROOT, else the one at or above the
+        working directory) as the user's own (one that was copied,
+        moved across file systems or restored; never one that came with a repository), and
+        list its live transactions, which the next command will finish, without touching
+        them. ``agent-2pc trust``."""
+        from ..storage.workspace import trust
+
+        found = find_root(os.fspath(root) if root is not None else os.environ.get(
+            "AGENT2PC_ROOT"), trusted=False)
+        trust(found)
+        engine = Engine(found, recover_dead=False)
+        try:
+            return {"root": found, "transactions": engine.transactions(finished=False)}
+        finally:
+            engine.close()
+
     def begin(self, timeout_ms: int | None = None, label: str | None = None) -> "Transaction":
         return Transaction(self, self.engine.begin(timeout_ms=timeout_ms, label=label)["tid"])
 
@@ -97,15 +115,23 @@ class Transaction:
         """Remember ``path``'s content hash; commit aborts with ``conflict`` if it changes."""
         return self._engine.record_read(self.tid, path)["sha256"]  # type: ignore[no-any-return]
 
-    def stage_write(self, path: str, content: str | bytes, mode: int | None = None
-                    ) -> dict[str, Any]:
+    def stage_write(self, path: str, content: str | bytes, mode: int | None = None,
+                    create_dirs: bool = True) -> dict[str, Any]:
+        """Stage ``content`` at ``path``; ``mode``: permission bits (0o644, 0o755; None keeps
+        the file's); ``create_dirs=False``: the parent must already be a directory of the
+        staged view (``not_found`` otherwise)."""
         if isinstance(content, str):
-            data = content.encode("utf-8")
+            try:
+                data = content.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise UsageError(f"content is not Unicode text (a lone surrogate at "
+                                 f"{exc.start}); pass bytes") from None
         elif isinstance(content, (bytes, bytearray, memoryview)):
             data = bytes(content)
         else:
             raise UsageError(f"content must be str or bytes, not {type(content).__name__}")
-        return self._engine.stage_write(self.tid, path, data, mode=mode)
+        return self._engine.stage_write(self.tid, path, data, mode=mode,
+                                        create_dirs=create_dirs)
 
     def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes],
                          mode: int | None = None) -> dict[str, Any]:
@@ -139,14 +165,17 @@ class Transaction:
 
     def stage_cmd(self, command: str | list[str], timeout_ms: int | None = None,
                   promote: list[str] | None = None, sandbox: bool = False,
-                  network: bool = False, limits: dict[str, int] | None = None
+                  network: bool = False, limits: dict[str, int] | None = None,
+                  working_dir: str | None = None, env: dict[str, str] | None = None
                   ) -> dict[str, Any]:
         """Run a check in the staged view (the repo as it would be after commit) and record
         it: the commit runs it again if the staged content changes, and aborts with
         ``verification_failed`` if its latest run failed. A failing run raises CheckFailed
-        (the transaction stays active). Files it writes matching ``promote`` globs are staged."""
+        (the transaction stays active). Files it writes matching ``promote`` globs are staged.
+        ``working_dir`` (a directory of the staged view, default the root) is where it runs;
+        ``env`` adds variables to its environment."""
         return self._engine.stage_cmd(self.tid, command, timeout_ms, promote, sandbox, network,
-                                      limits)
+                                      limits, working_dir=working_dir, env=env)
 
     def exec(self, argv: list[str], timeout_ms: int | None = None,
              interactive: bool = False) -> dict[str, Any]:

@@ -15,12 +15,11 @@ is held has a live worker and is left alone.
 from __future__ import annotations
 
 import os
-import re
 import time
 from _thread import RLock
 
 from .. import crashpoints
-from ..core import recovery
+from ..core import confine, recovery
 from ..core.states import (
     ABORTED,
     ACTIVE,
@@ -45,14 +44,14 @@ from ..errors import (
 )
 from ..participants.api import ApiParticipant
 from ..participants.api import lease_ttl_s as api_lease_ttl_s
-from ..participants.fs import FileParticipant, Vote
+from ..participants.fs import ApplyFailed, FileParticipant, Vote
 from ..storage import history
 from ..storage.blobs import BlobStore
 from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log, PausedGc
 from ..storage.pids import pid_alive
 from ..storage.scratch import discard, sweep_in_background
-from ..storage.workspace import Layout, is_workspace
+from ..storage.workspace import Layout, check_intact, is_workspace, log_check
 from .runs import Runs
 from .staging import Staging
 
@@ -60,8 +59,9 @@ TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are la
 if TYPE_CHECKING:
     from typing import Any
 
-TID_RE = re.compile(r"tx-\d{8}-\d{6}-[0-9a-f]{6}")
+TID_RE = confine.TID_RE
 DEFAULT_TIMEOUT_MS = 24 * 3600 * 1000
+TIMEOUT_MS_MAX = 30 * 24 * 3600 * 1000  # a deadline further out is 0 (none) or a typo
 # Automatic compaction keeps the log short, so that a step costs the same with 10k finished
 # transactions in the history as in a new workspace.
 COMPACT_FINISHED_MAX = 64
@@ -99,7 +99,8 @@ class Engine(Staging, Runs):
             raise NotInitialized(f"no agent-2pc workspace at {root}", root=root)
         self.root = root
         self.layout = Layout(root)
-        self.log = Log(self.layout.wal, self.layout.lock)
+        check_intact(self.layout, log=False)  # FORMAT; the log's open checks wal.bin
+        self.log = Log(self.layout.wal, self.layout.lock, check_header=log_check(root))
         self.blobs = BlobStore(self.layout.objects, self.layout.preimages)
         self.commit_lock = FileLock(self.layout.commit_lock)
         self.fs = FileParticipant(root, self.blobs)
@@ -113,6 +114,9 @@ class Engine(Staging, Runs):
         # last recover(): recover() reports it too.
         self._recovered: dict[str, list[str]] = {"rolled_forward": [], "rolled_back": [],
                                                  "diverged": []}
+        # Decided commits whose apply (or redo) stopped on an error in this process: tid ->
+        # what is not applied. They stay 'committing'; recover() retries them and reports.
+        self._stuck: dict[str, dict[str, Any]] = {}
         self._refresh()
         if recover_dead and any(tx.state in IN_FLIGHT for tx in self.txs.values()):
             self._recover_dead()
@@ -196,7 +200,10 @@ class Engine(Staging, Runs):
             if not isinstance(found, dict) and found.state in IN_FLIGHT:
                 # We hold its lock, so whoever was deciding or applying it has died.
                 with self.commit_lock:
-                    self._finish(found, self._plan_one(found, alive=False))
+                    try:
+                        self._finish(found, self._plan_one(found, alive=False))
+                    except ApplyFailed as exc:
+                        raise self._incomplete(found, exc) from exc
                 found = self._lookup(tid)
             if active:
                 if isinstance(found, dict) or found.state != ACTIVE:
@@ -227,9 +234,10 @@ class Engine(Staging, Runs):
     def begin(self, timeout_ms: int | None = None, label: str | None = None) -> dict[str, Any]:
         if timeout_ms is None:
             timeout_ms = DEFAULT_TIMEOUT_MS
-        if not isinstance(timeout_ms, int) or timeout_ms < 0:
-            raise UsageError(f"--timeout-ms must be a whole number of milliseconds >= 0 "
-                             f"(0: no timeout), not {timeout_ms!r}")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
+                0 <= timeout_ms <= TIMEOUT_MS_MAX):
+            raise UsageError(f"--timeout-ms must be a whole number of milliseconds from 0 (no "
+                             f"timeout) to {TIMEOUT_MS_MAX} (30 days), not {timeout_ms!r}")
         if label is not None and (not isinstance(label, str) or len(label) > 200):
             raise UsageError("--label must be a string of at most 200 characters")
         while True:
@@ -256,6 +264,7 @@ class Engine(Staging, Runs):
                                          tid=tid, check=_check_summary(failed))
             with self.commit_lock:
                 self._finish_dead_locked()
+                self._check_confined(self.txs[tid])
                 self._prepare(tid)
                 crashpoints.hit("prepare.before_decision")
                 self._append([self._rec("decision", tid, outcome="commit",
@@ -263,10 +272,8 @@ class Engine(Staging, Runs):
                 crashpoints.hit("commit.after_decision")
                 try:
                     self._apply(self.txs[tid], redo=False)
-                except OSError as exc:
-                    raise ApplyIncomplete(
-                        f"{tid} is decided (commit) but applying it failed: {exc}; "
-                        "'agent-2pc recover' finishes it", tid=tid) from exc
+                except ApplyFailed as exc:
+                    raise self._incomplete(self.txs[tid], exc) from exc
         self._maybe_compact()
         return self._result(self.txs.get(tid) or self._lookup(tid))
 
@@ -286,7 +293,7 @@ class Engine(Staging, Runs):
     def _prepare(self, tid: str) -> Tx:
         """Record the start of prepare and collect the votes; abort on the first no."""
         self._append([self._rec("prepare", tid, pid=os.getpid())])
-        vote = self._vote(self.txs[tid])
+        vote = self._stuck_overlap(self.txs[tid]) or self._vote(self.txs[tid])
         if not vote.yes:
             code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
             self._abort_locked(self.txs[tid], code, reason)
@@ -404,7 +411,12 @@ class Engine(Staging, Runs):
         return acts[0]
 
     def _finish(self, tx: Tx, act: recovery.Action) -> None:
-        """Carry out a recovery action; the caller holds the commit lock and tx's lock."""
+        """Carry out a recovery action; the caller holds the commit lock and tx's lock.
+        Nothing of a transaction the log describes in a way staging never writes (a path out
+        of the root, a blob name that is no hash, ...) is applied, undone or cleaned up:
+        CorruptWal. ApplyFailed when a redo stops on an error."""
+        # Aborting a transaction that never prepared touches no path: its tid is enough.
+        self._check_confined(tx, paths=act.kind == recovery.ROLL_FORWARD or tx.prepared)
         if act.kind == recovery.ROLL_FORWARD:
             self._apply(tx, redo=True)
         elif act.kind == recovery.FINISH_ABORT:
@@ -438,7 +450,14 @@ class Engine(Staging, Runs):
                                       alive=lambda _: False, include_active=include_active)
                 if not again:
                     continue
-                self._finish(tx, again[0])
+                try:
+                    self._finish(tx, again[0])
+                except ApplyFailed as exc:
+                    # Left 'committing' for recover to retry: the other transactions, and
+                    # the command that opened the workspace, go on.
+                    self._stuck[act.tid] = self._incomplete(tx, exc).details
+                    continue
+                self._stuck.pop(act.tid, None)
                 tx = self.txs[act.tid]
                 key = "rolled_forward" if tx.state == COMMITTED else "rolled_back"
                 self._recovered[key].append(act.tid)
@@ -469,7 +488,71 @@ class Engine(Staging, Runs):
         self._truncation_reported = self.log.truncated_bytes
         if done["diverged"]:
             out["diverged"] = done["diverged"]
+        stuck = [info for tid, info in self._stuck.items() if self._live(tid)]
+        if stuck:
+            names = ", ".join(info["tid"] for info in stuck)
+            raise ApplyIncomplete(
+                f"{names}: decided (commit), and applying it still fails "
+                f"({stuck[0]['error']}); fix the cause and run 'agent-2pc recover' again",
+                transactions=stuck, **out)
         return out
+
+    def _incomplete(self, tx: Tx, exc: ApplyFailed) -> ApplyIncomplete:
+        """The answer for a decided commit whose apply stopped: what is not applied, why."""
+        done = set(exc.done)
+        left = [op.path for op in tx.changes() if op.path not in done]
+        return ApplyIncomplete(
+            f"{tx.tid} is decided (commit) but applying it stopped: {exc.cause}; not applied: "
+            f"{', '.join(left) or 'nothing'}; 'agent-2pc recover' retries it",
+            tid=tx.tid, state=tx.state, not_applied=left, error=str(exc.cause))
+
+    def _stuck_overlap(self, tx: Tx) -> Vote | None:
+        """A no when ``tx`` changes a path that a decided commit, still not applied because
+        its apply failed, changes too: that one comes first (recover retries it)."""
+        if not self._stuck:
+            return None
+        mine = {op.path for op in tx.ops} | {p for p, _ in tx.reads}
+        for tid in self._stuck:
+            other = self.txs.get(tid)
+            if other is None or other.state in FINISHED:
+                continue
+            shared = sorted(mine.intersection(op.path for op in other.ops))
+            if shared:
+                return Vote.no("conflict", (
+                    f"{shared[0]} is also changed by {tid}, which is committed but not "
+                    "fully applied yet (its apply failed); run 'agent-2pc recover'"))
+        return None
+
+    def _check_confined(self, tx: Tx, paths: bool = True) -> None:
+        """Refuse (CorruptWal, with the record's offset) a transaction that the log describes
+        in a way staging never writes: it did not come from agent-2pc."""
+        problem = confine.tx_problem(tx, paths)
+        if problem is None:
+            return
+        offset = self._offset_of(tx, problem.match)
+        where = f" at offset {offset}" if offset is not None else ""
+        raise CorruptWal(
+            f"{self.layout.wal}: the record{where} of transaction {tx.tid!r} cannot come from "
+            f"agent-2pc: {problem.why}. Nothing of it is applied. If this workspace came with "
+            "a repository or from someone else, remove .agent-tx/ and run 'agent-2pc init'.",
+            path=self.layout.wal, offset=offset, tid=tx.tid)
+
+    def _offset_of(self, tx: Tx, match: dict[str, Any]) -> int | None:
+        """The log offset of the first record of ``tx`` with the fields of ``match``."""
+        import json
+
+        from ..storage.wal_format import HEADER_SIZE
+
+        for frame in tx.frames:
+            try:
+                rec = json.loads(bytes(frame[HEADER_SIZE:]))
+            except ValueError:
+                continue
+            if all(rec.get(k) == v for k, v in match.items()):
+                with open(self.layout.wal, "rb") as f:
+                    at = f.read().find(bytes(frame))
+                return at if at >= 0 else None
+        return None
 
     def _live(self, tid: str) -> bool:
         tx = self.txs.get(tid)

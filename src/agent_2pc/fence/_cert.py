@@ -161,7 +161,9 @@ class Certificate(Record):
         """Why this certificate does not verify (empty when it does).
 
         ``key`` (else AGENT2PC_FENCE_HMAC_KEY) checks the signature. A signed certificate with no
-        key at hand does not verify: nothing vouches for the signature then.
+        key at hand does not verify: nothing vouches for the signature then. With a key at
+        hand, an unsigned certificate does not verify either: anyone can recompute a hash, so
+        a changed certificate stripped of its signature would otherwise pass.
         """
         found = self._shape_problems()
         try:
@@ -170,16 +172,20 @@ class Certificate(Record):
             return found + [f"not canonical JSON: {exc}"]
         if not _same(sha256_hex(data), self.hash):
             found.append("hash does not match the content")
+        kb = _key_bytes(key) or env_key()
         if self.signature is not None:
-            kb = _key_bytes(key) or env_key()
             if kb is None:
                 found.append(f"signed, but no key to check it (set {HMAC_KEY_ENV})")
             elif not _same(_sign(kb, data), self.signature):
                 found.append("signature does not match")
+        elif kb is not None:
+            found.append("unsigned, but a signing key is configured: only its signature "
+                         "vouches for a certificate")
         return found
 
     def verify(self, key: bytes | str | None = None) -> bool:
-        """True when the hash (and the signature, if any) match the content."""
+        """True when the hash matches the content and, with a key (given or in the
+        environment), the signature matches too; without a key, only an unsigned one can."""
         return not self.problems(key)
 
     def sign(self, key: bytes | str) -> "Certificate":

@@ -81,7 +81,8 @@ class StageWriteIn(In):
     content_base64: str | None = Field(None, max_length=CONTENT_CHARS_MAX * 4 // 3 + 4,
                                        description="The content as base64, for binary files.")
     mode: str | None = Field(None, pattern=r"^0?[0-7]{3,4}$", description=(
-        "Octal permissions such as \"0755\" (default: keep the file's; 0644 for a new file)."))
+        "Octal permission bits such as \"0755\" (default: keep the file's; 0644 for a new "
+        "file). setuid, setgid and sticky bits are refused."))
 
 
 class StageDiffIn(In):

@@ -37,10 +37,11 @@ import os
 import stat
 
 from .. import crashpoints
+from ..core.confine import name_problem
 from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
 from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
-from ..storage.hashing import link_fingerprint, sha256_fd
+from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -57,6 +58,23 @@ INLINE_TOTAL_BYTES_MAX = 64 * 1024
 
 class PathChanged(Exception):
     """A directory on the way to a target is no longer a plain directory."""
+
+
+class Unconfined(PathChanged):
+    """A path component that no transaction may open or write (``..``, ``.git``, ...): the
+    engine refuses such a transaction before it gets here (core/confine.py); this is the check
+    at the moment of writing, so that nothing that slipped past it leaves the root."""
+
+
+class ApplyFailed(Exception):
+    """The apply of a decided commit stopped on an error (``cause``: a file system refusal, a
+    lost blob); ``done``: the paths it applied or found diverged before that. A redo resumes
+    it: every step is idempotent."""
+
+    def __init__(self, cause: BaseException, done: list[str]) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+        self.done = done
 
 
 class ParentNotDir(PathChanged):
@@ -106,6 +124,9 @@ class Dirs:
         if fd is not None:
             return fd
         parent, _, name = rel_dir.rpartition("/")
+        why = name_problem(name, top=not parent)
+        if why is not None:
+            raise Unconfined(f"{rel_dir}: {why}")
         pfd = self.open(parent, create)
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
@@ -140,7 +161,11 @@ class Dirs:
 
 
 def split(path: str) -> tuple[str, str]:
+    """(the directory, the name) of ``path``; Unconfined when the name may not be written."""
     parent, _, name = path.rpartition("/")
+    why = name_problem(name, top=not parent)
+    if why is not None:
+        raise Unconfined(f"{path}: {why}")
     return parent, name
 
 
@@ -337,8 +362,10 @@ class FileParticipant:
                 sync_log()
             placed = self._place(dirs, tx.tid, foreign)
             self._seen[tx.tid] = seen
+            # New content keeps the file's permission bits, never its setuid, setgid or
+            # sticky bits (docs/cli.md, Modes).
             self._modes[tx.tid] = {
-                k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644)
+                k: op.mode if op.mode is not None else (modes.get(op.path) or 0o644) & 0o777
                 for k, op in writes}
             self._placed[tx.tid] = placed
             self._inline[tx.tid] = inline
@@ -451,153 +478,179 @@ class FileParticipant:
         self._inline.pop(tid, None)
 
     def _apply(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str]) -> Applied:
+        """Apply (``seen``: what this process's prepare saw) or redo (None) a decided commit.
+        A target whose directory is no longer a plain one (a link swapped in after the
+        decision) is ``diverged``, as in a redo; an error (a refusal of the file system, a
+        lost blob) stops it with ApplyFailed, and a redo resumes it."""
+        out = Applied()
+        try:
+            dirs = Dirs(self.root)
+            try:
+                self._apply_in(tx, seen, keep, dirs, out)
+            finally:
+                dirs.close()
+        except (OSError, BlobCorrupt, PathChanged, binascii.Error) as exc:
+            raise ApplyFailed(exc, out.files + out.diverged) from exc
+        out.files.sort()
+        return out
+
+    @staticmethod
+    def _parent(dirs: Dirs, parent: str, create: bool = False) -> int | None:
+        """The directory a target goes in; None when it is no longer a plain directory."""
+        try:
+            return dirs.open(parent, create)
+        except PathChanged:
+            return None
+
+    def _apply_in(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str],
+                  dirs: Dirs, out: Applied) -> None:
         changes = tx.changes()
         modes = {int(k): m for k, m in (tx.decision_fields.get("modes") or {}).items()}
         placed = {int(k): h for k, h in (tx.decision_fields.get("placed") or {}).items()}
         inline = {int(k): v for k, v in (tx.decision_fields.get("inline") or {}).items()}
-        out = Applied()
-        dirs = Dirs(self.root)
         touched: set[str] = set()
-        try:
-            deletes = [(k, op) for k, op in enumerate(changes) if op.op == "delete"]
-            for k, op in reversed(deletes):  # deepest first: changes are sorted by path
+        deletes = [(k, op) for k, op in enumerate(changes) if op.op == "delete"]
+        for k, op in reversed(deletes):  # deepest first: changes are sorted by path
+            cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
+            parent, name = split(op.path)
+            if cur is None:  # absent: never there, or deleted by an earlier run
+                if op.pre is not None:
+                    out.files.append(op.path)
+                    self._prune_empty(dirs, parent, touched)
+                continue
+            if cur != op.pre:
+                out.diverged.append(op.path)
+                continue
+            dfd = self._parent(dirs, parent)
+            if dfd is None:
+                out.diverged.append(op.path)
+                continue
+            if cur == DIR_FINGERPRINT:
+                dirs.forget(op.path)
+                try:
+                    os.rmdir(name, dir_fd=dfd)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                        raise
+                    out.diverged.append(op.path)  # something was put in it meanwhile
+                    continue
+            else:
+                self.blobs.keep_preimage(dfd, name, tx.tid, k)
+                os.unlink(name, dir_fd=dfd)  # a file, or a link itself (never its target)
+            touched.add(parent)
+            out.files.append(op.path)
+            self._prune_empty(dirs, parent, touched)
+            crashpoints.hit("commit.mid_apply")
+        later_uses: dict[str, int] = {}  # blob -> writes after this one that move it
+        for k, op in enumerate(changes):
+            if op.op == "write" and k not in placed:
+                assert op.blob is not None
+                later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
+        # Writes, links and directories in path order: a directory before what goes in it.
+        for k, op in enumerate(changes):
+            if op.op == "delete":
+                continue
+            parent, name = split(op.path)
+            pre = op.pre
+            if pre == DIR_FINGERPRINT and op.op != "mkdir":
+                # The directory this file or link replaces went with the deletes above
+                # (prepare checked that they empty it): expect nothing there now.
+                pre = None
+                cur = self._fingerprint(dirs, op)
+            else:
                 cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
-                parent, name = split(op.path)
-                if cur is None:  # absent: never there, or deleted by an earlier run
-                    if op.pre is not None:
-                        out.files.append(op.path)
-                        self._prune_empty(dirs, parent, touched)
+            if op.op == "write":
+                assert op.blob is not None
+                if k not in placed:
+                    later_uses[op.blob] -= 1
+                mode = modes.get(k, op.mode if op.mode is not None else 0o644)
+                if seen is None and cur == op.blob:  # put in place by an earlier run
+                    self._ensure_mode(dirs.open(parent), name, mode)
+                    if k in placed:  # a file system that kept both names of the rename
+                        self._drop_placed(dirs, tx.tid, k, placed[k], touched)
+                    out.files.append(op.path)
                     continue
-                if cur != op.pre:
-                    out.diverged.append(op.path)
+            elif op.op == "symlink":
+                assert op.target is not None
+                if cur == link_fingerprint(op.target):  # in place (an earlier run, or pre)
+                    if seen is None and k in placed:
+                        self._drop_placed(dirs, tx.tid, k, placed[k], touched)
+                    out.files.append(op.path)
                     continue
-                dfd = dirs.open(parent)
-                if cur == DIR_FINGERPRINT:
-                    dirs.forget(op.path)
-                    try:
-                        os.rmdir(name, dir_fd=dfd)
-                    except OSError as exc:
-                        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                            raise
-                        out.diverged.append(op.path)  # something was put in it meanwhile
-                        continue
-                else:
-                    self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                    os.unlink(name, dir_fd=dfd)  # a file, or a link itself (never its target)
-                touched.add(parent)
-                out.files.append(op.path)
-                self._prune_empty(dirs, parent, touched)
-                crashpoints.hit("commit.mid_apply")
-            later_uses: dict[str, int] = {}  # blob -> writes after this one that move it
-            for k, op in enumerate(changes):
-                if op.op == "write" and k not in placed:
-                    assert op.blob is not None
-                    later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
-            # Writes, links and directories in path order: a directory before what goes in it.
-            for k, op in enumerate(changes):
-                if op.op == "delete":
-                    continue
-                parent, name = split(op.path)
-                pre = op.pre
-                if pre == DIR_FINGERPRINT and op.op != "mkdir":
-                    # The directory this file or link replaces went with the deletes above
-                    # (prepare checked that they empty it): expect nothing there now.
-                    pre = None
-                    cur = self._fingerprint(dirs, op)
-                else:
-                    cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
-                if op.op == "write":
-                    assert op.blob is not None
-                    if k not in placed:
-                        later_uses[op.blob] -= 1
-                    mode = modes.get(k, op.mode if op.mode is not None else 0o644)
-                    if seen is None and cur == op.blob:  # put in place by an earlier run
+            else:
+                assert op.op == "mkdir", op
+                mode = op.mode if op.mode is not None else 0o755
+                if cur == DIR_FINGERPRINT:  # made by an earlier run, or by someone else
+                    if seen is None:
                         self._ensure_mode(dirs.open(parent), name, mode)
-                        if k in placed:  # a file system that kept both names of the rename
-                            self._drop_placed(dirs, tx.tid, k, placed[k], touched)
-                        out.files.append(op.path)
-                        continue
-                elif op.op == "symlink":
-                    assert op.target is not None
-                    if cur == link_fingerprint(op.target):  # in place (an earlier run, or pre)
-                        if seen is None and k in placed:
-                            self._drop_placed(dirs, tx.tid, k, placed[k], touched)
-                        out.files.append(op.path)
-                        continue
-                else:
-                    assert op.op == "mkdir", op
-                    mode = op.mode if op.mode is not None else 0o755
-                    if cur == DIR_FINGERPRINT:  # made by an earlier run, or by someone else
-                        if seen is None:
-                            self._ensure_mode(dirs.open(parent), name, mode)
-                        out.files.append(op.path)
-                        continue
-                if cur != pre:
-                    out.diverged.append(op.path)
+                    out.files.append(op.path)
                     continue
-                dfd = dirs.open(parent, create=True)
-                if cur is not None:
-                    self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                if k in placed:  # prepared next to it, on its file system
-                    home = placed[k]
-                    hfd = self._ensure_placed(dirs, tx.tid, k, op, home)
-                    if op.op == "write":  # its mode before it is visible
-                        self._ensure_mode(hfd, placed_name(tx.tid, k), mode)
-                    rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
-                    touched.add(home)
-                elif op.op == "write":
-                    blob = op.blob
-                    assert blob is not None
-                    copy = blob in keep or later_uses[blob] > 0
-                    if k in inline:
-                        src, unsynced = self._inline_source(tx.tid, k, blob, inline[k], copy,
-                                                            seen is None, mode)
-                    else:
-                        src, unsynced = self._source(tx.tid, k, blob, copy, mode), False
-                        if src == self.blobs.path(blob):
-                            self._sync_made_dirs(dirs, parent)
-                    fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-                    try:
-                        # The mode before the name, synced with it: a chmod after the
-                        # rename could be lost by a crash that keeps the end record.
-                        if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
-                            os.fchmod(fd, mode)
-                            unsynced = True
-                        if unsynced:  # a small file's blob, or a new mode: synced here
-                            try:
-                                fsync_fd(fd)
-                            except FsyncFailed:
-                                if k in inline and src == self.blobs.path(blob):
-                                    # Never trusted again (fsyncgate): a redo writes the
-                                    # content anew from the decision.
-                                    self.blobs.discard(blob)
-                                raise
-                        rename(src, name, dst_dir_fd=dfd)
-                    finally:
-                        os.close(fd)
-                elif op.op == "symlink":
-                    assert op.target is not None
-                    rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
+            if cur != pre:
+                out.diverged.append(op.path)
+                continue
+            dfd = self._parent(dirs, parent, create=True)
+            hfd = self._ensure_placed(dirs, tx.tid, k, op, placed[k]) if (
+                k in placed and dfd is not None) else None
+            if dfd is None or (k in placed and hfd is None):
+                out.diverged.append(op.path)
+                continue
+            if cur is not None:
+                self.blobs.keep_preimage(dfd, name, tx.tid, k)
+            if hfd is not None:  # prepared next to it, on its file system
+                home = placed[k]
+                if op.op == "write":  # its mode before it is visible
+                    self._ensure_mode(hfd, placed_name(tx.tid, k), mode)
+                rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
+                touched.add(home)
+            elif op.op == "write":
+                blob = op.blob
+                assert blob is not None
+                copy = blob in keep or later_uses[blob] > 0
+                if k in inline:
+                    src, unsynced = self._inline_source(tx.tid, k, blob, inline[k], copy,
+                                                        seen is None, mode)
                 else:
-                    if cur is not None:
-                        os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
-                    os.mkdir(name, 0o700, dir_fd=dfd)
-                    self._ensure_mode(dfd, name, mode, sync=False)  # synced as touched
-                    dirs.open(op.path)
-                    touched.add(op.path)  # fsync the new directory's own inode too
-                touched.add(parent)
-                out.files.append(op.path)
-                crashpoints.hit("commit.mid_apply")
-            if seen is None:
-                self._touch_all(dirs, changes, touched)
-            for rel_dir in touched | dirs.grew:
-                dir_fd = dirs.fds.get(rel_dir)
-                if dir_fd is not None:
-                    fsync_fd(dir_fd)
-            out.files.sort()
-            return out
-        finally:
-            dirs.close()
+                    src, unsynced = self._source(tx.tid, k, blob, copy, mode), False
+                    if src == self.blobs.path(blob):
+                        self._sync_made_dirs(dirs, parent)
+                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    # The mode before the name, synced with it: a chmod after the rename
+                    # could be lost by a crash that keeps the end record.
+                    if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                        os.fchmod(fd, mode)
+                        unsynced = True
+                    if unsynced:  # a small file's blob, or a new mode: synced here
+                        try:
+                            fsync_fd(fd)
+                        except FsyncFailed:
+                            if k in inline and src == self.blobs.path(blob):
+                                # Never trusted again (fsyncgate): a redo writes the content
+                                # anew from the decision.
+                                self.blobs.discard(blob)
+                            raise
+                    rename(src, name, dst_dir_fd=dfd)
+                finally:
+                    os.close(fd)
+            elif op.op == "symlink":
+                assert op.target is not None
+                rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
+            else:
+                if cur is not None:
+                    os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
+                os.mkdir(name, 0o700, dir_fd=dfd)
+                self._ensure_mode(dfd, name, mode, sync=False)  # synced as touched
+                dirs.open(op.path)
+                touched.add(op.path)  # fsync the new directory's own inode too
+            touched.add(parent)
+            out.files.append(op.path)
+            crashpoints.hit("commit.mid_apply")
+        if seen is None:
+            self._touch_all(dirs, changes, touched)
+        for rel_dir in touched | dirs.grew:
+            dir_fd = dirs.fds.get(rel_dir)
+            if dir_fd is not None:
+                fsync_fd(dir_fd)
 
     def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int) -> str:
         """The file to rename over the k-th target: the blob itself, or a synced copy of it
@@ -633,12 +686,17 @@ class FileParticipant:
                 finally:
                     os.close(fd)
         data = binascii.a2b_base64(data_b64)
+        if sha256_bytes(data) != digest:
+            raise BlobCorrupt(digest, "not what the decision carries for it")
         return _make_claim(claim, lambda fd: write_all(fd, data), mode), False
 
-    def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int:
+    def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int | None:
         """The directory that holds the k-th placed content; placed again from the blob (or
-        the target) when it is missing (a redo after someone removed it)."""
-        hfd = dirs.open(home, create=True)
+        the target) when it is missing (a redo after someone removed it). None when that
+        directory is no longer a plain one."""
+        hfd = self._parent(dirs, home, create=True)
+        if hfd is None:
+            return None
         try:
             os.stat(placed_name(tid, k), dir_fd=hfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -660,6 +718,7 @@ class FileParticipant:
                 return
             rel = rel.rpartition("/")[0]
 
+
     @staticmethod
     def _touch_all(dirs: Dirs, changes: list[Op], touched: set[str]) -> None:
         """A redo: what the interrupted run renamed, unlinked or made may be in the page cache
@@ -680,6 +739,7 @@ class FileParticipant:
                     break
                 rel = rel.rpartition("/")[0]
 
+
     @staticmethod
     def _drop_placed(dirs: Dirs, tid: str, k: int, home: str, touched: set[str]) -> None:
         """A redo found the k-th target in place: its placed name, if a crash kept it
@@ -689,6 +749,7 @@ class FileParticipant:
         except (FileNotFoundError, PathChanged):
             return
         touched.add(home)
+
 
     def _link_source(self, tid: str, k: int, target: str) -> str:
         """A symbolic link to ``target`` to rename over the k-th target
@@ -732,6 +793,8 @@ class FileParticipant:
             dirs.forget(rel_dir)
             try:
                 os.rmdir(name, dir_fd=dirs.open(parent))
+            except PathChanged:
+                return
             except OSError as exc:
                 if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT, errno.EBUSY):
                     return

@@ -24,6 +24,7 @@ import errno
 import itertools
 import os
 
+from ..core.confine import is_blob_name
 from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, write_all
 from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
 
@@ -84,6 +85,10 @@ class BlobStore:
         self.preimages = preimages_dir
 
     def path(self, digest: str) -> str:
+        """Where the blob ``digest`` lives. A name that is not 64 lowercase hex digits (a
+        forged record's) is refused here, where it would become a path."""
+        if not is_blob_name(digest):
+            raise BlobCorrupt(str(digest), "not a blob name")
         return os.path.join(self.dir, digest[:2], digest)
 
     def has(self, digest: str, size: int) -> bool:
@@ -204,6 +209,8 @@ class BlobStore:
 
     def discard(self, digest: str) -> None:
         """Drop a damaged blob so that the next stage of that content writes it afresh."""
+        if not is_blob_name(digest):
+            return
         try:
             os.unlink(self.path(digest))
         except FileNotFoundError:

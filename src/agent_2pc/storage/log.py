@@ -31,7 +31,10 @@ from .locks import FileLock
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
+
+
+HEADER_READ_BYTES = 512  # a log header is ~100 bytes
 
 
 UNSYNCED = ".unsynced"  # wal.bin.unsynced: an fsync of the log failed; write it anew
@@ -71,8 +74,16 @@ class PausedGc:
 
 
 class Log:
-    def __init__(self, path: str, lock_path: str) -> None:
+    """A log file may begin with a header naming its workspace (wal_format.log_header): the log
+    consumes it when it opens the file, keeps it at the front when compaction rewrites the
+    file, and hands its id to ``check_header`` (which may refuse the file: a log that is not
+    this workspace's, storage/workspace.py)."""
+
+    def __init__(self, path: str, lock_path: str, *,
+                 check_header: Callable[[str | None], None] | None = None) -> None:
         self.path = path
+        self.check_header = check_header
+        self.header = b""  # the header frame of the file this object holds, if it has one
         self.lock = FileLock(lock_path)
         self._mutex = RLock()
         self._fd: int | None = None
@@ -96,11 +107,26 @@ class Log:
             if st.st_nlink > 0:
                 return st.st_size
             os.close(self._fd)
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # never created here: a log that is gone is not an empty one (init makes it)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise CorruptWal(f"{self.path} is missing: the log is gone, and with it every "
+                             "transaction in flight. Restore it, or, to start over, create an "
+                             f"empty one (': > {self.path}')", path=self.path) from None
         self._offset = 0
         batch.reset = True
         batch.records.clear()
         batch.frames.clear()
+        try:
+            head = os.pread(self._fd, HEADER_READ_BYTES, 0)
+            workspace_id, self._offset = wal_format.read_log_header(head)
+            self.header = head[:self._offset]
+            if self.check_header is not None:
+                self.check_header(workspace_id)
+        except BaseException:
+            os.close(self._fd)
+            self._fd = None
+            raise
         if os.path.exists(self.path + UNSYNCED):  # one stat per opening
             self._rehome()
         return os.fstat(self._fd).st_size
@@ -128,12 +154,13 @@ class Log:
                 return  # another process did it: read the file it made
             os.close(self._fd)
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            start = len(self.header)  # the header stays (replace writes it first)
             data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
-            decoded = wal_format.decode(data)
+            decoded = wal_format.decode(data[start:])
             if decoded.damage is not None:
                 if not decoded.damage.torn:
                     return
-                at = decoded.damage.offset
+                at = start + decoded.damage.offset
                 aside = os.open(f"{self.path}.torn-{at}",
                                 os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
                 try:
@@ -142,7 +169,7 @@ class Log:
                     os.close(aside)
                 self.truncated_bytes += len(data) - at
             self.replace(list(decoded.frames))
-            self._offset = 0  # the caller reads the new file from its start
+            self._offset = start  # the caller reads the new file from its first record
             os.unlink(self.path + UNSYNCED)
 
     def _read_tail(self, batch: Batch, size: int, locked: bool) -> None:
@@ -249,7 +276,7 @@ class Log:
         frames, copied as they were); the caller holds the lock. Returns the new size. The
         caller's view of the log is these frames: nothing is read back."""
         assert self.lock.held
-        data = b"".join(frames)
+        data = b"".join([self.header, *frames])
         tmp = self.path + ".compact"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:

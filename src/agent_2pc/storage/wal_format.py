@@ -83,6 +83,26 @@ def encode(record: dict[str, Any]) -> bytes:
     return HEADER.pack(MAGIC, VERSION, len(payload), zlib.crc32(payload)) + payload
 
 
+# The first frame of a workspace's log names the workspace (a random id, also in TRUST): a log
+# file that something else put there (git checks out ignored files over the user's) lacks it.
+# The log consumes it when it opens the file; nobody else sees it.
+LOG_HEADER_TYPE = "log"
+
+
+def log_header(workspace_id: str, ts: int) -> bytes:
+    return encode({"type": LOG_HEADER_TYPE, "tid": "", "ts": ts, "workspace": workspace_id})
+
+
+def read_log_header(buf: bytes | memoryview) -> tuple[str | None, int]:
+    """(the workspace id, the header's length) when ``buf`` begins with a log header;
+    (None, 0) when it does not."""
+    rec, end, _ = _frame_at(buf, 0)
+    if rec is None or rec.get("type") != LOG_HEADER_TYPE or not isinstance(
+            rec.get("workspace"), str):
+        return None, 0
+    return rec["workspace"], end
+
+
 def _frame_at(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any] | None, int, str]:
     """Decode the frame at ``offset``: (record, next offset, "") or (None, offset, reason)."""
     size = len(buf)
@@ -104,7 +124,7 @@ def _frame_at(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any] | No
         return None, offset, "CRC mismatch"
     try:
         record = _loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not ours either
         return None, offset, "payload is not JSON"
     if not isinstance(record, dict) or not all(k in record for k in ("type", "tid", "ts")):
         return None, offset, "payload lacks type, tid or ts"
@@ -185,13 +205,13 @@ def _parse_all(payloads: list[memoryview]) -> list[dict[str, Any]]:
         parsed = _loads(b"[" + b",".join(payloads) + b"]")
         if len(parsed) == len(payloads) and all(_is_record(r) for r in parsed):
             return parsed  # type: ignore[no-any-return]
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     out = []
     for p in payloads:
         try:
             rec = _loads(bytes(p))
-        except ValueError:
+        except (ValueError, RecursionError):
             break
         if not _is_record(rec):
             break

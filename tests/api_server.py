@@ -23,14 +23,18 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Service:
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self.lock = threading.Lock()
         self.performed: Counter[str] = Counter()
         self.requests: list[tuple[str, str, str | None]] = []  # (method, path, key)
+        self.executed: Counter[str] = Counter()  # key -> effects carried out under it
         self._stored: dict[str, tuple[str, int, dict]] = {}  # key -> (body, status, reply)
         self._running: set[str] = set()
         self._faults: dict[str, list[dict]] = {}
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        # The service's state after each request it answered (tests/crashsim replays a crash
+        # at any point of a recorded run against the service as it was then).
+        self.history: list[dict] = [self.state()]
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -41,6 +45,21 @@ class Service:
         self.server.server_close()
         self._thread.join(timeout=10)
 
+    def state(self) -> dict:
+        """What the service has done so far (its effects and stored answers), as data."""
+        with self.lock:
+            return {"performed": dict(self.performed), "executed": dict(self.executed),
+                    "stored": {k: (v[0], v[1], dict(v[2])) for k, v in self._stored.items()}}
+
+    def restore(self, state: dict) -> None:
+        """Be the service as it was in ``state``; forget the requests seen since."""
+        with self.lock:
+            self.performed = Counter(state["performed"])
+            self.executed = Counter(state["executed"])
+            self._stored = {k: (v[0], v[1], dict(v[2])) for k, v in state["stored"].items()}
+            self.requests = []
+            self._running = set()
+
     def fail(self, path: str, kind: str, **params: float) -> None:
         with self.lock:
             self._faults.setdefault(path, []).append({"kind": kind, **params})
@@ -50,10 +69,12 @@ class Service:
             queue = self._faults.get(path) or []
             return queue.pop(0) if queue else {}
 
-    def _effect(self, path: str, body: dict) -> tuple[int, dict]:
+    def _effect(self, path: str, body: dict, key: str | None) -> tuple[int, dict]:
         """Carry out the request for real (counted) and say what to answer."""
         with self.lock:
             self.performed[path] += 1
+            if key is not None:
+                self.executed[key] += 1
             n = self.performed[path]
         if path == "/charges":
             return 200, {"id": f"ch_{n}", "amount": body.get("amount")}
@@ -83,6 +104,14 @@ class Service:
                 self.wfile.write(data)
 
             def _handle(self) -> None:
+                try:
+                    self._handle_one()
+                finally:
+                    snap = service.state()
+                    with service.lock:
+                        service.history.append(snap)
+
+            def _handle_one(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length).decode() if length else ""
                 key = self.headers.get("Idempotency-Key")
@@ -109,7 +138,8 @@ class Service:
                         return
                     if fault.get("kind") == "delay":
                         time.sleep(float(fault["seconds"]))
-                    status, reply = service._effect(self.path, json.loads(raw) if raw else {})
+                    status, reply = service._effect(self.path, json.loads(raw) if raw else {},
+                                                    key)
                     if fault.get("kind") == "error_500":
                         status, reply = 500, {"error": "internal error after the effect"}
                     if key is not None:

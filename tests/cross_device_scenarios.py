@@ -92,6 +92,19 @@ def main(root: str, scenario: str) -> dict[str, object]:
                 os.unlink(os.path.join(root, rel))
         proc = cli(root, "recover")
         out["recover"] = json.loads(proc.stdout)
+    elif scenario == "both_names":  # a file system that kept both names of a rename
+        from agent_2pc.coordinator.engine import Engine
+
+        tid = stage(root)
+        out["exit"] = cli(root, "commit", "--tid", tid, crash="commit.before_end").returncode
+        engine = Engine(root, recover_dead=False)
+        tx = engine.txs[tid]
+        for k, home in tx.decision_fields["placed"].items():
+            os.link(os.path.join(root, tx.changes()[int(k)].path),
+                    os.path.join(root, home, f".agent-2pc-{tid}-{k}.tmp"), follow_symlinks=False)
+        engine.close()
+        out["placed_after_crash"] = placed(root)
+        out["recover"] = json.loads(cli(root, "recover").stdout)
     else:
         raise SystemExit(f"unknown scenario {scenario}")
     out["after"] = tree(root)

@@ -97,3 +97,12 @@ def test_a_redo_places_again_what_someone_removed_after_the_decision(tmp_path):
     assert out["exit"] == 137 and len(out["placed_after_crash"]) == 3
     assert out["recover"]["rolled_forward"] and not out["recover"].get("diverged")
     expect_new(out)
+
+
+def test_a_redo_removes_a_placed_name_that_a_crash_kept_beside_its_target(tmp_path):
+    """A rename across directories is not atomic on every file system: a crash may keep the
+    new name and the old one. The redo finds the target in place and drops the placed name."""
+    out = run(tmp_path, "both_names")
+    assert out["exit"] == 137 and len(out["placed_after_crash"]) == 3
+    assert out["recover"]["rolled_forward"]
+    expect_new(out)

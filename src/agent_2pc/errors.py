@@ -22,6 +22,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
     |   |-- ApplyIncomplete               apply_incomplete (decided commit; recover finishes it)
+    |   |-- IoFailed                      io_error         (the disk refused a write, an fsync...)
     |   |-- UntrustedWorkspace            untrusted_workspace (not made here: `agent-2pc trust`)
     |   `-- IsolationUnavailable          isolation_unavailable
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
@@ -144,6 +145,23 @@ class ApplyIncomplete(WorkspaceError):
     code = "apply_incomplete"
 
 
+class IoFailed(WorkspaceError):
+    """The disk refused a write, an fsync or a rename (EIO, ENOSPC, ...): the step stopped
+    there, retried nothing, and what it wrote may or may not be on disk. ``recover`` (or the
+    next command) finishes or undoes it, all or nothing. The CLI's face of an OSError."""
+
+    code = "io_error"
+
+    @classmethod
+    def from_os_error(cls, exc: OSError) -> IoFailed:
+        import errno
+
+        name = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        what = "an fsync" if type(exc).__name__ == "FsyncFailed" else "the disk"
+        where = f" ({exc.filename})" if exc.filename else ""
+        return cls(f"{what} failed: {exc.strerror or exc}{where}; the step stopped there and "
+                   "retried nothing. Run 'agent-2pc recover' once the disk is healthy: it "
+                   "finishes or undoes what was begun, all or nothing", errno=name)
 class UntrustedWorkspace(WorkspaceError):
     """A workspace this user did not make here (a clone, a copy, another user's): its log is
     not applied until the user trusts it (``agent-2pc trust``, $AGENT2PC_SAFE_DIRECTORY)."""

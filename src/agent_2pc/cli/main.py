@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..errors import Agent2PCError, UsageError
+from ..errors import Agent2PCError, IoFailed, UsageError
 from .args import HelpRequested, parse
 from .output import emit, emit_error
 
@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     except Agent2PCError as err:
         emit_error(err, ctx.json)
         return err.exit_status
+    except OSError as exc:  # a disk that refuses (EIO, ENOSPC): an answer, not a traceback
+        io = IoFailed.from_os_error(exc)
+        emit_error(io, ctx.json)
+        return io.exit_status
     except KeyboardInterrupt:
         return 130
     if result is not None:

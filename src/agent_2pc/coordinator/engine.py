@@ -67,7 +67,7 @@ TIMEOUT_MS_MAX = 30 * 24 * 3600 * 1000  # a deadline further out is 0 (none) or 
 COMPACT_FINISHED_MAX = 64
 COMPACT_BYTES_MAX = 1 << 20
 # Garbage: blobs unnamed by live transactions after an hour; pre-images after a day.
-BLOB_GRACE_S = 3600.0
+BLOB_GRACE_S = float(os.environ.get("AGENT2PC_BLOB_GRACE_S", 3600))
 PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 24 * 3600))
 GC_INTERVAL_S = 3600.0
 TX_LOCKS_CACHED_MAX = 256
@@ -306,7 +306,7 @@ class Engine(Staging, Runs):
         """Ask the participants in turn; the first no stops the rest. The files go first: a
         conflict must abort before any remote call is made."""
         try:
-            vote = self.fs.prepare(tx)
+            vote = self.fs.prepare(tx, self.log.sync)
         except OSError as exc:  # a participant that raises has voted no
             vote = Vote.no("prepare_failed", f"preparing the files failed: {exc}")
         if vote.yes and tx.effects:

@@ -40,7 +40,7 @@ from .. import crashpoints
 from ..core.confine import name_problem
 from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
-from ..storage.durable import fsync_fd, write_all
+from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -246,16 +246,20 @@ def first_left(root: str, rel_dir: str, deleted: Callable[[str], bool]) -> str |
     return None
 
 
-def _make_claim(claim: str, fill: Callable[[int], Any]) -> str:
+def _make_claim(claim: str, fill: Callable[[int], Any], mode: int) -> str:
     """Write ``claim`` (a copy to rename over a target, in objects/tmp) through ``fill``,
-    synced, under a ``.part`` name first: it exists whole or not at all."""
+    with ``mode``, synced, under a ``.part`` name first: it exists whole or not at all."""
     fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
     try:
         fill(fd)
+        os.fchmod(fd, mode)
         fsync_fd(fd)
+    except BaseException:
+        os.unlink(claim + ".part")  # never trusted after a failed fsync: written anew
+        raise
     finally:
         os.close(fd)
-    os.rename(claim + ".part", claim)
+    rename(claim + ".part", claim)
     return claim
 
 
@@ -284,7 +288,10 @@ class FileParticipant:
 
     # -- prepare ---------------------------------------------------------------------------
 
-    def prepare(self, tx: Tx) -> Vote:
+    def prepare(self, tx: Tx, sync_log: Callable[[], None] | None = None) -> Vote:
+        """Vote on ``tx``. ``sync_log`` makes the log durable; it is called before anything
+        is placed in the tree (a target on another file system), so that a machine crash
+        cannot keep what was placed and lose the records that say whose it is."""
         changes = tx.changes()
         self._placed[tx.tid] = {}  # nothing placed yet (an abort has nothing to look for)
         dirs = Dirs(self.root)
@@ -351,6 +358,8 @@ class FileParticipant:
                 path = next(op.path for _, op in writes if op.blob == exc.digest)
                 return Vote.no("corrupt_blob", f"the staged content of {path}: {exc}; "
                                "stage it again")
+            if foreign and sync_log is not None:
+                sync_log()
             placed = self._place(dirs, tx.tid, foreign)
             self._seen[tx.tid] = seen
             # New content keeps the file's permission bits, never its setuid, setgid or
@@ -557,11 +566,15 @@ class FileParticipant:
                 mode = modes.get(k, op.mode if op.mode is not None else 0o644)
                 if seen is None and cur == op.blob:  # put in place by an earlier run
                     self._ensure_mode(dirs.open(parent), name, mode)
+                    if k in placed:  # a file system that kept both names of the rename
+                        self._drop_placed(dirs, tx.tid, k, placed[k], touched)
                     out.files.append(op.path)
                     continue
             elif op.op == "symlink":
                 assert op.target is not None
                 if cur == link_fingerprint(op.target):  # in place (an earlier run, or pre)
+                    if seen is None and k in placed:
+                        self._drop_placed(dirs, tx.tid, k, placed[k], touched)
                     out.files.append(op.path)
                     continue
             else:
@@ -587,7 +600,7 @@ class FileParticipant:
                 home = placed[k]
                 if op.op == "write":  # its mode before it is visible
                     self._ensure_mode(hfd, placed_name(tx.tid, k), mode)
-                os.rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
+                rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
                 touched.add(home)
             elif op.op == "write":
                 blob = op.blob
@@ -595,36 +608,51 @@ class FileParticipant:
                 copy = blob in keep or later_uses[blob] > 0
                 if k in inline:
                     src, unsynced = self._inline_source(tx.tid, k, blob, inline[k], copy,
-                                                        check=seen is None)
+                                                        seen is None, mode)
                 else:
-                    src, unsynced = self._source(tx.tid, k, blob, copy), False
+                    src, unsynced = self._source(tx.tid, k, blob, copy, mode), False
+                    if src == self.blobs.path(blob):
+                        self._sync_made_dirs(dirs, parent)
                 fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    if unsynced:  # a small file's blob: synced here, not at prepare
-                        fsync_fd(fd)
-                    os.rename(src, name, dst_dir_fd=dfd)
-                    os.fchmod(fd, mode)
+                    # The mode before the name, synced with it: a chmod after the rename
+                    # could be lost by a crash that keeps the end record.
+                    if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                        os.fchmod(fd, mode)
+                        unsynced = True
+                    if unsynced:  # a small file's blob, or a new mode: synced here
+                        try:
+                            fsync_fd(fd)
+                        except FsyncFailed:
+                            if k in inline and src == self.blobs.path(blob):
+                                # Never trusted again (fsyncgate): a redo writes the content
+                                # anew from the decision.
+                                self.blobs.discard(blob)
+                            raise
+                    rename(src, name, dst_dir_fd=dfd)
                 finally:
                     os.close(fd)
             elif op.op == "symlink":
                 assert op.target is not None
-                os.rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
+                rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
             else:
                 if cur is not None:
                     os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
                 os.mkdir(name, 0o700, dir_fd=dfd)
-                self._ensure_mode(dfd, name, mode)
+                self._ensure_mode(dfd, name, mode, sync=False)  # synced as touched
                 dirs.open(op.path)
                 touched.add(op.path)  # fsync the new directory's own inode too
             touched.add(parent)
             out.files.append(op.path)
             crashpoints.hit("commit.mid_apply")
+        if seen is None:
+            self._touch_all(dirs, changes, touched)
         for rel_dir in touched | dirs.grew:
             dir_fd = dirs.fds.get(rel_dir)
             if dir_fd is not None:
                 fsync_fd(dir_fd)
 
-    def _source(self, tid: str, k: int, digest: str, copy: bool) -> str:
+    def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int) -> str:
         """The file to rename over the k-th target: the blob itself, or a synced copy of it
         when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash)."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
@@ -632,10 +660,10 @@ class FileParticipant:
             return claim  # made by an earlier, interrupted run of this apply
         if not copy:
             return self.blobs.path(digest)
-        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd))
+        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd), mode)
 
     def _inline_source(self, tid: str, k: int, digest: str, data_b64: str, copy: bool,
-                       check: bool) -> tuple[str, bool]:
+                       check: bool, mode: int) -> tuple[str, bool]:
         """As ``_source``, for a small file whose content the decision carries: (the file to
         rename over the k-th target, whether it still needs an fsync). The blob, unless it
         must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
@@ -660,7 +688,7 @@ class FileParticipant:
         data = binascii.a2b_base64(data_b64)
         if sha256_bytes(data) != digest:
             raise BlobCorrupt(digest, "not what the decision carries for it")
-        return _make_claim(claim, lambda fd: write_all(fd, data)), False
+        return _make_claim(claim, lambda fd: write_all(fd, data), mode), False
 
     def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int | None:
         """The directory that holds the k-th placed content; placed again from the blob (or
@@ -674,6 +702,54 @@ class FileParticipant:
         except FileNotFoundError:
             self._place(dirs, tid, [(k, op, home)])
         return hfd
+
+    @staticmethod
+    def _sync_made_dirs(dirs: Dirs, rel_dir: str) -> None:
+        """Before a blob leaves objects/ for ``rel_dir`` (a file too big for the decision to
+        carry): the names of the directories this apply made on the way are durable. Else a
+        crash could keep the blob's departure and lose the new directory that holds it, and
+        the content would be nowhere a redo can find it."""
+        rel = rel_dir
+        while True:
+            if rel in dirs.grew:
+                fsync_fd(dirs.open(rel))
+                dirs.grew.discard(rel)
+            if not rel:
+                return
+            rel = rel.rpartition("/")[0]
+
+
+    @staticmethod
+    def _touch_all(dirs: Dirs, changes: list[Op], touched: set[str]) -> None:
+        """A redo: what the interrupted run renamed, unlinked or made may be in the page cache
+        only (a killed process is not a machine crash), and a redo that finds it in place does
+        nothing to it. Every directory on the way to every target that exists is synced,
+        before the end record can become durable."""
+        seen: set[str] = set()
+        for op in changes:
+            rel = split(op.path)[0]
+            while rel not in seen:
+                seen.add(rel)
+                try:
+                    dirs.open(rel)
+                    touched.add(rel)
+                except (OSError, PathChanged):
+                    pass
+                if not rel:
+                    break
+                rel = rel.rpartition("/")[0]
+
+
+    @staticmethod
+    def _drop_placed(dirs: Dirs, tid: str, k: int, home: str, touched: set[str]) -> None:
+        """A redo found the k-th target in place: its placed name, if a crash kept it
+        (a rename is not atomic everywhere), goes."""
+        try:
+            os.unlink(placed_name(tid, k), dir_fd=dirs.open(home))
+        except (FileNotFoundError, PathChanged):
+            return
+        touched.add(home)
+
 
     def _link_source(self, tid: str, k: int, target: str) -> str:
         """A symbolic link to ``target`` to rename over the k-th target
@@ -689,11 +765,15 @@ class FileParticipant:
         return claim
 
     @staticmethod
-    def _ensure_mode(dfd: int, name: str, mode: int) -> None:
+    def _ensure_mode(dfd: int, name: str, mode: int, sync: bool = True) -> None:
+        """Give ``name`` its mode; a change is synced (unless the caller syncs it): the end
+        record must not become durable before it."""
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         try:
             if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
                 os.fchmod(fd, mode)
+                if sync:
+                    fsync_fd(fd)
         finally:
             os.close(fd)
 

@@ -25,7 +25,7 @@ import itertools
 import os
 
 from ..core.confine import is_blob_name
-from .durable import fsync_dir, fsync_fd, write_all
+from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, write_all
 from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
 
 _counter = itertools.count()
@@ -61,7 +61,7 @@ class Pending:
             if present:
                 os.unlink(self._tmp)
             else:
-                os.rename(self._tmp, self.store.path(self.digest))
+                rename(self._tmp, self.store.path(self.digest))
             self._tmp = None
         elif not present:
             assert self._data is not None
@@ -106,7 +106,7 @@ class BlobStore:
             write_all(fd, data)
         finally:
             os.close(fd)
-        os.rename(tmp, self.path(digest))
+        rename(tmp, self.path(digest))
 
     def put_bytes(self, data: bytes) -> Pending:
         digest = sha256_bytes(data)
@@ -159,22 +159,31 @@ class BlobStore:
 
     def make_durable(self, digests: list[str]) -> None:
         """Check each blob's bytes against its name and fsync it, then fsync each fan-out
-        directory once: after this the blobs survive a machine crash under their names."""
+        directory once: after this the blobs survive a machine crash under their names.
+
+        A failed fsync discards every one of them: their bytes may be gone from the disk while
+        the page cache still shows them, and a later fsync would succeed without writing them
+        (PostgreSQL's fsyncgate). Staging the content again writes it anew."""
         fans = set()
-        for digest in digests:
-            try:
-                fd = os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise BlobCorrupt(digest, "missing") from None
-            try:
-                if sha256_fd(fd)[0] != digest:
-                    raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
-                fsync_fd(fd)
-            finally:
-                os.close(fd)
-            fans.add(digest[:2])
-        for fan in fans:
-            fsync_dir(os.path.join(self.dir, fan))
+        try:
+            for digest in digests:
+                try:
+                    fd = os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
+                except FileNotFoundError:
+                    raise BlobCorrupt(digest, "missing") from None
+                try:
+                    if sha256_fd(fd)[0] != digest:
+                        raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
+                    fsync_fd(fd)
+                finally:
+                    os.close(fd)
+                fans.add(digest[:2])
+            for fan in fans:
+                fsync_dir(os.path.join(self.dir, fan))
+        except FsyncFailed:
+            for digest in digests:
+                self.discard(digest)
+            raise
 
     def copy_to(self, digest: str, dst: int) -> int:
         """Write the blob into ``dst``, checking the hash as it streams; return the size."""

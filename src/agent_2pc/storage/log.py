@@ -8,6 +8,11 @@ no lock: they read complete frames and stop at a partial one; anything that look
 looked at again under the lock before it is repaired (a torn tail) or reported (corruption,
 with its offset).
 
+An fsync of the log that fails leaves a mark, ``wal.bin.unsynced``: what it was to sync may be
+gone from the disk while the page cache still shows it, and a later fsync would succeed
+without writing it (PostgreSQL's fsyncgate). Whoever opens the log next writes it anew (a
+fresh file, synced, renamed over the old one) before believing a record of it.
+
 A ``Batch`` tells the caller what is new: ``reset`` means the file was replaced and ``records``
 is its whole content; otherwise ``records`` follow what the caller saw before.
 """
@@ -21,7 +26,7 @@ from _thread import RLock
 from .. import crashpoints
 from ..errors import CorruptWal
 from . import wal_format
-from .durable import fsync_dir, fsync_fd, write_all
+from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, write, write_all
 from .locks import FileLock
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -30,6 +35,9 @@ if TYPE_CHECKING:
 
 
 HEADER_READ_BYTES = 512  # a log header is ~100 bytes
+
+
+UNSYNCED = ".unsynced"  # wal.bin.unsynced: an fsync of the log failed; write it anew
 
 
 class Batch:
@@ -119,7 +127,50 @@ class Log:
             os.close(self._fd)
             self._fd = None
             raise
+        if os.path.exists(self.path + UNSYNCED):  # one stat per opening
+            self._rehome()
         return os.fstat(self._fd).st_size
+
+    def _distrust(self) -> None:
+        """An fsync of the log failed: mark it for whoever opens it next (``_rehome``), and
+        let go of the descriptor so that this process opens it again too."""
+        try:
+            os.close(os.open(self.path + UNSYNCED, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC,
+                             0o644))
+        except OSError:
+            pass  # a disk that refuses even this refuses the log's next write as well
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _rehome(self) -> None:
+        """Write the log anew, synced, in place of a file whose fsync once failed; a torn tail
+        is cut off (and kept aside) as it would be anyway. What the page cache shows is what
+        the failed step wrote; if the kernel dropped it, the disk's version is read, and that is
+        what stays. Damage in the middle is left for the reader to report."""
+        with self.lock:
+            assert self._fd is not None
+            if not os.path.exists(self.path + UNSYNCED):
+                return  # another process did it: read the file it made
+            os.close(self._fd)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+            start = len(self.header)  # the header stays (replace writes it first)
+            data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)
+            decoded = wal_format.decode(data[start:])
+            if decoded.damage is not None:
+                if not decoded.damage.torn:
+                    return
+                at = start + decoded.damage.offset
+                aside = os.open(f"{self.path}.torn-{at}",
+                                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+                try:
+                    write_all(aside, data[at:])
+                finally:
+                    os.close(aside)
+                self.truncated_bytes += len(data) - at
+            self.replace(list(decoded.frames))
+            self._offset = start  # the caller reads the new file from its first record
+            os.unlink(self.path + UNSYNCED)
 
     def _read_tail(self, batch: Batch, size: int, locked: bool) -> None:
         assert self._fd is not None
@@ -162,7 +213,11 @@ class Log:
         finally:
             os.close(aside)
         os.ftruncate(self._fd, offset)
-        fsync_fd(self._fd)
+        try:
+            fsync_fd(self._fd)
+        except FsyncFailed:
+            self._distrust()
+            raise
         self.truncated_bytes += nbytes
         crashpoints.hit("wal.after_truncate")
 
@@ -200,11 +255,15 @@ class Log:
                 assert fd is not None
                 crashpoints.hit("wal.torn_append", before_exit=lambda: write_all(
                     fd, frames[: max(1, len(frames) // 2)]))
-                written = os.write(fd, frames)
+                written = write(fd, frames)
                 if written != len(frames):  # a short write: finish it
                     write_all(fd, memoryview(frames)[written:])
                 if sync:
-                    fsync_fd(fd)
+                    try:
+                        fsync_fd(fd)
+                    except FsyncFailed:
+                        self._distrust()
+                        raise
                 self._offset += len(frames)
                 batch.records.extend(records)
                 batch.frames.extend(encoded)
@@ -226,7 +285,7 @@ class Log:
         finally:
             os.close(fd)
         crashpoints.hit("compact.before_rename")
-        os.rename(tmp, self.path)
+        rename(tmp, self.path)
         fsync_dir(os.path.dirname(self.path))
         with self._mutex:
             if self._fd is not None:
@@ -234,6 +293,16 @@ class Log:
             self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
             self._offset = len(data)
         return len(data)
+
+    def sync(self) -> None:
+        """Make everything appended so far durable (one fsync of the log)."""
+        with self._mutex:
+            if self._fd is not None:
+                try:
+                    fsync_fd(self._fd)
+                except FsyncFailed:
+                    self._distrust()
+                    raise
 
     def size(self) -> int:
         try:

@@ -275,7 +275,7 @@ def _log_id(lay: Layout) -> str:
     """The workspace id in the log's header; a log without one (made by hand, or before
     headers) gets one: rewritten atomically, under the log lock."""
     from . import wal_format
-    from .durable import fsync_dir, fsync_fd, write_all
+    from .durable import fsync_dir, fsync_fd, rename, write_all
     from .locks import FileLock
 
     with FileLock(lay.lock):
@@ -292,7 +292,7 @@ def _log_id(lay: Layout) -> str:
             fsync_fd(fd)
         finally:
             os.close(fd)
-        os.rename(tmp, lay.wal)
+        rename(tmp, lay.wal)
         fsync_dir(lay.dir)
         return log_id
 

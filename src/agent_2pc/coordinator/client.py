@@ -149,10 +149,17 @@ class Transaction:
                                       limits)
 
     def exec(self, argv: list[str], timeout_ms: int | None = None,
-             interactive: bool = False) -> dict[str, Any]:
+             interactive: bool = False, keep_on_failure: bool = False) -> dict[str, Any]:
         """Run a command in the staged view and stage what it created, changed and deleted.
-        A failing command stages nothing and raises CheckFailed (``command_failed``)."""
-        return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive)
+        A failing command stages nothing and raises CheckFailed (``command_failed``), unless
+        ``keep_on_failure``: then what it changed is staged all the same (and it still
+        raises). A failed session on a terminal keeps its changes aside for ``stage_kept``."""
+        return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive,
+                                     keep_on_failure=keep_on_failure)
+
+    def stage_kept(self) -> dict[str, Any]:
+        """Stage what the last failed terminal session of exec kept aside."""
+        return self._engine.stage_kept(self.tid)
 
     def stage_wasm(self, module: str, args: list[str] | None = None, fuel: int | None = None,
                    max_memory_mb: int | None = None, timeout_ms: int | None = None

@@ -8,7 +8,10 @@ counts. What a check writes is thrown away, except paths matching ``--promote`` 
 become staged writes.
 
 ``exec`` runs a command (an agent, a shell, a build) in the staged view and stages what it
-created, modified and deleted; a command that fails stages nothing.
+created, modified and deleted; a command that fails stages nothing (unless asked to keep what
+it changed: ``keep_on_failure``). A session on a terminal that fails after changing files has
+its capture *kept* aside (kept.py) for ``stage-kept``: an interactive session never loses its
+work silently.
 
 No transaction lock is held while a command runs: commands may call agent-2pc themselves (a
 nested ``stage-write --tid T`` from inside the view lands in the real workspace). The staged
@@ -38,7 +41,7 @@ TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are la
 if TYPE_CHECKING:
     from typing import Any, Callable, ContextManager
 
-    from ..isolation import RunResult, StagedView
+    from ..isolation import Change, RunResult, StagedView
     from ..storage.workspace import Layout
 
 TIMEOUT_MS_DEFAULT = 10 * 60 * 1000
@@ -235,10 +238,14 @@ class Runs:
 
     def exec_cmd(self, tid: str, argv: list[str], timeout_ms: int | None = None,
                  interactive: bool = True, stdout_fd: int | None = None,
-                 tier: str | None = None) -> dict[str, Any]:
+                 tier: str | None = None, keep_on_failure: bool = False) -> dict[str, Any]:
         """Run ``argv`` in the staged view and stage everything it changed. A command that
-        fails (or times out) stages nothing and raises TransactionAborted with code
-        ``command_failed`` (``timeout``); the transaction stays active."""
+        fails (or times out) stages nothing and raises CheckFailed with code
+        ``command_failed`` (``timeout``); the transaction stays active. With
+        ``keep_on_failure`` it stages what the command changed all the same (and still raises,
+        with ``captured``). A session on a terminal of its own (``tty`` in the result) that
+        fails after changing files keeps its capture aside (``kept`` in the error's result):
+        ``stage_kept`` stages it."""
         command = _command(argv)
         timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
         tx = self._snapshot(tid)
@@ -249,15 +256,54 @@ class Runs:
                            stdout_fd=stdout_fd if interactive else None, log_path=log)
             result = _result_json(res)
             if not res.passed:
-                code = _failure_code(result, "command_failed")
-                raise CheckFailed(
-                    f"{command!r} {'timed out' if res.timed_out else 'failed'} "
-                    f"(exit {res.exit_code}); nothing was staged and the transaction stays "
-                    "active", code=code, tid=tid, result={"tid": tid, **result, "captured": []})
+                raise self._exec_failed(tx, command, res, result, view, keep_on_failure)
             captured, skipped = self._stage_changes(tid, view, None, "exec")
         finally:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
+
+    def _exec_failed(self, tx: Tx, command: str | list[str], res: RunResult,
+                     result: dict[str, Any], view: StagedView, keep: bool) -> CheckFailed:
+        """The answer to an exec whose command did not pass: stage its changes (``keep``),
+        keep them aside (a terminal session), or drop them."""
+        tid = tx.tid
+        code = _failure_code(result, "command_failed")
+        what = "timed out" if res.timed_out else f"failed (exit {res.exit_code})"
+        out: dict[str, Any] = {"tid": tid, **result, "captured": []}
+        if keep:
+            out["captured"], out["skipped"] = self._stage_changes(tid, view, None, "exec")
+            n = len(out["captured"])
+            return CheckFailed(f"{command!r} {what}; its {n} change{'s' if n != 1 else ''} "
+                               "were staged all the same (keep on failure); the transaction "
+                               "stays active", code=code, tid=tid, result=out)
+        msg = f"{command!r} {what}; nothing was staged and the transaction stays active"
+        if res.tty:
+            from . import kept
+
+            cap = view.capture()
+            held = kept.keep(self.layout.tx_dir(tid), self.layout.trash, tx, fingerprint(tx),
+                             cap, {"command": command, **result})
+            if held is not None:
+                out["kept"] = held
+                n = held["changes"]
+                msg += (f". Its {n} change{'s' if n != 1 else ''} are kept: "
+                        f"`agent-2pc stage-kept --tid {tid}` stages them")
+        return CheckFailed(msg, code=code, tid=tid, result=out)
+
+    def stage_kept(self, tid: str) -> dict[str, Any]:
+        """Stage the capture that the last failed terminal session of ``exec`` kept aside
+        (kept.py); then it is gone. NotFound when there is none; BadState when a path of it
+        was staged differently since that session began."""
+        from . import kept
+
+        tx_dir = self.layout.tx_dir(tid)
+        tx = self._snapshot(tid)
+        manifest, changes = kept.load(tx_dir, tid)
+        kept.check_fits(manifest, tx, fingerprint(tx))
+        captured, skipped = self._stage_captured(tid, changes, manifest["skipped"], "exec")
+        kept.drop(tx_dir, self.layout.trash)
+        return {"captured": captured, "skipped": skipped, "command": manifest["command"],
+                "exit_code": manifest["exit_code"]}
 
     def stage_wasm(self, tid: str, module: str, args: list[str] | None = None,
                    fuel: int | None = None, max_memory_mb: int | None = None,
@@ -319,14 +365,18 @@ class Runs:
         of the tree is skipped (staging it would change the link's target instead) unless the
         link itself is replaced by a directory."""
         cap = view.capture(select)
-        skipped = [dict(s) for s in cap.skipped]
+        return self._stage_captured(tid, cap.changes, cap.skipped, via)
+
+    def _stage_captured(self, tid: str, changes: list[Change], skipped_in: list[Any],
+                        via: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        skipped = [dict(s) for s in skipped_in]
         staged: list[dict[str, Any]] = []
         pending: list[Pending] = []
         with self.active(tid) as tx:
             records = []
             puts: dict[str, str] = {}  # path -> op, staged by this capture so far
             try:
-                for c in cap.changes:
+                for c in changes:
                     try:
                         rel, below_link = self._literal(tx, c.path, puts)
                     except Agent2PCError as exc:  # forbidden, or through a link

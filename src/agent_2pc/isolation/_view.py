@@ -35,6 +35,7 @@ from ._layer import Layer
 from ._procs import HELPER, children_of, exit_code, ns_of_children, reap_namespace
 from ._remove import discard, rmtree
 from ._sandbox import SANDBOXED, Sandbox, probe_sandbox
+from ._terminal import STOP_POLL_S, Terminal, session_argv, wanted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ REAPER_GRACE_S = 10.0  # the copy tier's supervisor enforces the timeout; this i
 KILL_WAIT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
 ARGV_ITEMS_MAX = 100_000
+RELAY_POLL_S = 0.05  # without a pidfd, how often a terminal relay looks for the exit
 # redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
 # renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
 # index=off: no hard-link index in the work dir. In a user namespace the kernel wants
@@ -133,13 +135,14 @@ class RunResult:
 
     __slots__ = ("tier", "namespace", "command", "cwd", "exit_code", "timed_out",
                  "duration_ms", "setup_ms", "log_path", "tail", "interactive", "survivors",
-                 "refused", "sandbox", "tripped", "governor")
+                 "refused", "sandbox", "tripped", "governor", "tty")
 
     def __init__(self, *, tier: str, namespace: str | None, command: list[str], cwd: str,
                  exit_code: int | None, timed_out: bool, duration_ms: float,
                  log_path: str | None, tail: str | None, interactive: bool,
                  survivors: int, sandbox: dict[str, Any] | None = None,
-                 tripped: str | None = None, governor: dict[str, Any] | None = None) -> None:
+                 tripped: str | None = None, governor: dict[str, Any] | None = None,
+                 tty: bool = False) -> None:
         self.tier = tier
         self.namespace = namespace  # mount+pid | user+mount+pid | None (copy)
         self.command = command
@@ -156,6 +159,7 @@ class RunResult:
         self.sandbox = sandbox
         self.tripped = "timeout_ms" if timed_out and tripped is None else tripped
         self.governor = governor
+        self.tty = tty  # the command had a pseudo-terminal of its own (interactive runs)
 
     @property
     def passed(self) -> bool:
@@ -169,6 +173,8 @@ class RunResult:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.tty:
+            out["tty"] = True
         return out
 
     def __repr__(self) -> str:
@@ -362,7 +368,8 @@ class StagedView:
             interactive: bool = False, log_path: str | os.PathLike[str] | None = None,
             tail_bytes: int = TAIL_BYTES, stdout_fd: int | None = None,
             sandbox: bool = False, network: bool = False,
-            limits: Limits | Mapping[str, int | None] | None = None) -> RunResult:
+            limits: Limits | Mapping[str, int | None] | None = None,
+            tty: bool | None = None) -> RunResult:
         """Run ``command`` (argv list, or a shell string for /bin/sh -c) in the view.
 
         cwd          a directory of the view: relative to the repo root, or an absolute path
@@ -376,6 +383,10 @@ class StagedView:
                      (default: a file in the view's dir, gone at close).
         stdout_fd    interactive only: our descriptor that the command's stdout goes to
                      instead of ours (2 for ``exec --json``, whose stdout is the JSON alone).
+        tty          interactive only: give the command a pseudo-terminal of its own
+                     (_terminal.py), relayed to ours; None (default): when our stdin and
+                     the output descriptor are both terminals. True where they are not is a
+                     UsageError.
         sandbox      confine the command with bubblewrap (_sandbox.py): the host read-only,
                      a private /tmp, no network, only the view writable; ``result.sandbox``
                      says how. IsolationUnavailable when it cannot be had: never unconfined.
@@ -392,6 +403,11 @@ class StagedView:
             raise UsageError(f"the timeout must be between 0 and {TIMEOUT_S_MAX:.0f} s")
         if stdout_fd is not None and not interactive:
             raise UsageError("stdout_fd is for interactive runs (others write to the log)")
+        out_fd = 1 if stdout_fd is None else stdout_fd
+        if tty and not (interactive and wanted(0, out_fd)):
+            raise UsageError("tty= needs an interactive run whose stdin and output are "
+                             "terminals")
+        use_tty = interactive and (wanted(0, out_fd) if tty is None else tty)
         if not 0 <= tail_bytes <= TAIL_BYTES_MAX:
             raise UsageError(f"tail_bytes must be between 0 and {TAIL_BYTES_MAX}")
         if network and not sandbox:
@@ -417,7 +433,7 @@ class StagedView:
                 setup_ms = round((time.perf_counter() - t0) * 1000, 3)
                 res = self._run_once(tier, argv, rel, env, timeout_s, interactive,
                                      None if log_path is None else os.fspath(log_path),
-                                     tail_bytes, stdout_fd, sandbox, network, lim)
+                                     tail_bytes, stdout_fd, sandbox, network, lim, use_tty)
                 if res is not None:
                     self.tier = tier
                     self._candidates = [tier]
@@ -456,7 +472,8 @@ class StagedView:
     def _run_once(self, tier: str, argv: list[str], rel: str, env: Mapping[str, str] | None,
                   timeout_s: float | None, interactive: bool, log_path: str | None,
                   tail_bytes: int, stdout_fd: int | None, sandbox: bool = False,
-                  network: bool = False, limits: Limits | None = None) -> RunResult | None:
+                  network: bool = False, limits: Limits | None = None,
+                  use_tty: bool = False) -> RunResult | None:
         """Run once in ``tier``; None when the view could not be made (nothing ran)."""
         self._runs += 1
         status = os.path.join(self.dir, f"status-{self._runs}")
@@ -468,6 +485,10 @@ class StagedView:
         if not interactive:
             log = log_path or os.path.join(self.dir, f"run-{self._runs}.log")
         cmd = argv
+        term = None
+        if use_tty:  # the last step before the program: a session of its own on the pty
+            term = Terminal(0, 1 if stdout_fd is None else stdout_fd)
+            cmd = session_argv(argv)
         box = None
         if sandbox:
             readonly = (self.agent_tx,) if tier != COPY and self.agent_tx else ()
@@ -499,7 +520,7 @@ class StagedView:
                     gov.baseline()
                 cmd = gov.wrap(cmd, close_status=box is None)
             return self._spawn(tier, argv, cmd, view_cwd, env, status, timeout_s, interactive,
-                               log, tail_bytes, stdout_fd, box, gov, copy_ns)
+                               log, tail_bytes, stdout_fd, box, gov, copy_ns, term)
         finally:
             if gov is not None:
                 gov.close()  # idempotent: _spawn closed it already unless it raised
@@ -507,8 +528,26 @@ class StagedView:
     def _spawn(self, tier: str, argv: list[str], cmd: list[str], view_cwd: str,
                env: Mapping[str, str] | None, status: str, timeout_s: float | None,
                interactive: bool, log: str | None, tail_bytes: int, stdout_fd: int | None,
-               box: Sandbox | None, gov: Governor | None, copy_ns: bool = False
-               ) -> RunResult | None:
+               box: Sandbox | None, gov: Governor | None, copy_ns: bool = False,
+               term: Terminal | None = None) -> RunResult | None:
+        if term is None:
+            return self._spawn_on(tier, argv, cmd, view_cwd, env, status, timeout_s,
+                                  interactive, log, tail_bytes, stdout_fd, box, gov, copy_ns)
+        slave = term.open()
+        try:
+            return self._spawn_on(tier, argv, cmd, view_cwd, env, status, timeout_s,
+                                  interactive, log, tail_bytes, slave, box, gov, copy_ns, term)
+        finally:
+            term.drain()
+            term.close()
+
+    def _spawn_on(self, tier: str, argv: list[str], cmd: list[str], view_cwd: str,
+                  env: Mapping[str, str] | None, status: str, timeout_s: float | None,
+                  interactive: bool, log: str | None, tail_bytes: int, stdout_fd: int | None,
+                  box: Sandbox | None, gov: Governor | None, copy_ns: bool = False,
+                  term: Terminal | None = None) -> RunResult | None:
+        """Spawn and wait. With ``term``, ``stdout_fd`` is the pty's slave: the command's
+        stdin, stdout and stderr, closed here once the command has it."""
         keep = box is not None or (gov is not None and gov.needs_status)
         log_fd = None
         if log is not None:
@@ -537,16 +576,21 @@ class StagedView:
         try:
             proc = subprocess.Popen(
                 full, cwd=popen_cwd, env=self._env(env, tier, view_cwd),
-                stdin=None if interactive else subprocess.DEVNULL,
+                stdin=stdout_fd if term else None if interactive else subprocess.DEVNULL,
                 stdout=stdout_fd if interactive else log_fd,
-                stderr=None if interactive else subprocess.STDOUT,
-                start_new_session=not interactive)
+                stderr=stdout_fd if term else None if interactive else subprocess.STDOUT,
+                start_new_session=not interactive or term is not None)
         finally:
             if log_fd is not None:
                 os.close(log_fd)
+            if term is not None and stdout_fd is not None:
+                os.close(stdout_fd)  # the slave: the command has it now
         if gov is not None:
             gov.start(proc.pid, time.monotonic())
-        timed_out, survivors, tripped = self._wait(proc, tier, timeout_s, interactive, gov)
+        if term is not None:
+            term.start()
+        timed_out, survivors, tripped = self._wait(proc, tier, timeout_s, interactive, gov,
+                                                   term)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         killed = tripped is not None
         if gov is not None:  # every process is gone: the last look, then the cgroups go
@@ -593,10 +637,10 @@ class StagedView:
                          tail=None if log is None else _tail(log, tail_bytes),
                          interactive=interactive, survivors=survivors,
                          sandbox=None if box is None else box.info, tripped=tripped,
-                         governor=report)
+                         governor=report, tty=term is not None)
 
     def _wait(self, proc: subprocess.Popen[bytes], tier: str, timeout_s: float | None,
-              interactive: bool, gov: Governor | None = None
+              interactive: bool, gov: Governor | None = None, term: Terminal | None = None
               ) -> tuple[bool, int, str | None]:
         """Wait for the helper; kill everything on timeout, on a tripped limit or on an
         exception (then re-raise). Returns (timed out, survivors, tripped limit)."""
@@ -604,7 +648,8 @@ class StagedView:
         if tier == COPY and timeout_s is not None:
             budget = timeout_s + REAPER_GRACE_S
         saved = []
-        if interactive:  # like system(3): the terminal's ^C and ^\ are for the command
+        own_session = not interactive or term is not None
+        if interactive and term is None:  # like system(3): ^C and ^\ are for the command
             for sig in (signal.SIGINT, signal.SIGQUIT):
                 try:
                     saved.append((sig, signal.signal(sig, signal.SIG_IGN)))
@@ -613,22 +658,23 @@ class StagedView:
         try:
             try:
                 if gov is not None:
-                    return self._wait_governed(proc, tier, budget, interactive, gov)
-                _wait_exit(proc, budget)
+                    return self._wait_governed(proc, tier, budget, own_session, gov, term)
+                _wait_exit(proc, budget, term)
                 return False, 0, None
             except subprocess.TimeoutExpired:
-                return True, self._kill(proc, tier, interactive), None
+                return True, self._kill(proc, tier, own_session), None
             except BaseException:
                 if gov is not None:
                     gov.kill(gov.stop_tree())
-                self._kill(proc, tier, interactive)
+                self._kill(proc, tier, own_session)
                 raise
         finally:
             for sig, old in saved:
                 signal.signal(sig, old)
 
     def _wait_governed(self, proc: subprocess.Popen[bytes], tier: str, budget: float | None,
-                       interactive: bool, gov: Governor) -> tuple[bool, int, str | None]:
+                       own_session: bool, gov: Governor, term: Terminal | None = None
+                       ) -> tuple[bool, int, str | None]:
         """Wait, sampling the run every tick (the governor sets the pace); on a tripped limit
         stop the whole tree (SIGSTOP), then kill it."""
         t0 = gov.t0
@@ -642,7 +688,7 @@ class StagedView:
                 if d is not None:
                     step = min(step, max(0.0, d - now))
             try:
-                _wait_exit(proc, step)
+                _wait_exit(proc, step, term)
                 return False, 0, None
             except subprocess.TimeoutExpired:
                 pass
@@ -653,10 +699,12 @@ class StagedView:
                 gov.sample(now)
             if trip is not None:
                 gov.kill(gov.stop_tree())
-                return False, self._kill(proc, tier, interactive), trip
+                return False, self._kill(proc, tier, own_session), trip
 
-    def _kill(self, proc: subprocess.Popen[bytes], tier: str, interactive: bool) -> int:
-        """Kill the command's every process; return how many survived (should be 0)."""
+    def _kill(self, proc: subprocess.Popen[bytes], tier: str, own_session: bool) -> int:
+        """Kill the command's every process; return how many survived (should be 0).
+        ``own_session``: the helper leads a session of its own (its process group is ours
+        to kill)."""
         if tier == COPY and ns_of_children(proc.pid) is None:
             proc.send_signal(signal.SIGTERM)  # the supervisor kills its descendants
             try:
@@ -668,7 +716,7 @@ class StagedView:
         kids = children_of(proc.pid)  # PID 1 of the namespace: its death kills the rest
         # unshare first: killed, it cannot write about its child's death into the log
         proc.kill()
-        if not interactive:
+        if own_session:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
@@ -739,9 +787,14 @@ def _pid_ns_ok() -> bool:
     return _pid_ns_cache
 
 
-def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None) -> None:
+def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None,
+               term: Terminal | None = None) -> None:
     """``proc.wait(timeout_s)``, but woken by the exit itself (a pidfd) rather than by
-    Popen's polling, whose sleeps double up to 50 ms and add to every run's duration."""
+    Popen's polling, whose sleeps double up to 50 ms and add to every run's duration. With
+    ``term``, relay the terminal meanwhile."""
+    if term is not None:
+        _relay_until_exit(proc, timeout_s, term)
+        return
     if timeout_s is None or proc.returncode is not None:
         proc.wait()
         return
@@ -755,6 +808,34 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None) -> None:
             raise subprocess.TimeoutExpired(proc.args, timeout_s)
     finally:
         os.close(pidfd)
+    proc.wait()
+
+
+def _relay_until_exit(proc: subprocess.Popen[bytes], timeout_s: float | None,
+                      term: Terminal) -> None:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        pidfd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # Linux < 5.3, or reaped already: poll
+        pidfd = None
+    try:
+        while proc.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout_s or 0.0)
+            rd, wr = term.fds()
+            poll_s = STOP_POLL_S if pidfd is not None else min(STOP_POLL_S, RELAY_POLL_S)
+            left = poll_s if left is None else min(left, poll_s)
+            if pidfd is not None:
+                rd = [*rd, pidfd]
+            ready_r, ready_w, _ = select.select(rd, wr, [], left)
+            term.pump(ready_r, ready_w)
+            if pidfd is not None and pidfd in ready_r:
+                break
+            term.watch_stop()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
     proc.wait()
 
 

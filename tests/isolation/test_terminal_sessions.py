@@ -267,3 +267,21 @@ def test_signals_sent_to_agent_2pc_reach_the_session(staged, term):
     term.wait_for(r"GOT 14", after=start)
     done = _done(term, start)
     assert done.group(1) == "0", term.screen()[start:]
+
+
+def test_a_session_whose_caller_is_killed_is_kept_by_recover(staged, term, tier):
+    if tier == "copy":
+        pytest.skip("the copy tier's capture needs the caller's picture of the copy: lost")
+    tid = staged.tx.tid
+    start = _exec(term, tid, ["bash", "--norc", "--noprofile", "-i"])
+    term.type("echo salvaged > salvaged.txt; rm docs/guide.txt; echo WROTE-$((1+2))")
+    term.wait_for(r"WROTE-3", after=start)
+    os.kill(_caller(tid), signal.SIGKILL)  # the OOM killer, say
+    term.wait_for(r"Killed", after=start)
+    mark = term.mark()
+    term.type(f"{A2PC} recover; {A2PC} stage-kept --tid {tid}; echo RC-$?-KEPT")
+    term.wait_for(r"RC-0-KEPT", after=mark)
+    files = _staged(staged)
+    assert files["salvaged.txt"] == "write" and files["docs/guide.txt"] == "delete"
+    assert staged.client.get(tid).read("salvaged.txt") == b"salvaged\n"
+    assert staged.tree_hash() == staged.before

@@ -460,6 +460,7 @@ class Engine(Staging, Runs):
                 self.log.lock.release()
             self._finish_dead_locked(include_active=True)
             self._sweep_scratch()
+        leftovers = self.sweep_views()  # staged views of dead callers (runs.py)
         self._maybe_compact()
         done, self._recovered = self._recovered, {"rolled_forward": [], "rolled_back": [],
                                                   "diverged": []}
@@ -469,6 +470,8 @@ class Engine(Staging, Runs):
         self._truncation_reported = self.log.truncated_bytes
         if done["diverged"]:
             out["diverged"] = done["diverged"]
+        if any(leftovers.values()):
+            out["views_removed"] = leftovers
         return out
 
     def _live(self, tid: str) -> bool:

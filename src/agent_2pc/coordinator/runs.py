@@ -48,6 +48,7 @@ TIMEOUT_MS_DEFAULT = 10 * 60 * 1000
 TIMEOUT_MS_MAX = 24 * 3600 * 1000
 PROMOTE_GLOBS_MAX = 64
 COMMAND_CHARS_MAX = 64 * 1024
+SESSION_FILE = "session.json"  # in a view's dir: what recover needs to salvage a session
 
 
 def fingerprint(tx: Tx) -> str:
@@ -251,6 +252,9 @@ class Runs:
         tx = self._snapshot(tid)
         view = self._view(tx, tier)
         try:
+            if interactive:  # for recover, should we die during a terminal session
+                with open(os.path.join(view.dir, SESSION_FILE), "w", encoding="utf-8") as f:
+                    json.dump({"fingerprint": fingerprint(tx), "command": command}, f)
             log = None if interactive else self._log_path(tid, "exec")
             res = view.run(command, timeout_s=timeout_s, interactive=interactive,
                            stdout_fd=stdout_fd if interactive else None, log_path=log)
@@ -289,6 +293,49 @@ class Runs:
                 msg += (f". Its {n} change{'s' if n != 1 else ''} are kept: "
                         f"`agent-2pc stage-kept --tid {tid}` stages them")
         return CheckFailed(msg, code=code, tid=tid, result=out)
+
+    def sweep_views(self) -> dict[str, int]:
+        """For recover: remove what staged views of dead callers left (isolation/_owner.py),
+        keeping aside what a terminal session of exec had changed in an overlay view when its
+        caller was killed (as a failed session's capture is kept: ``stage_kept``)."""
+        from ..isolation._owner import sweep
+
+        salvaged: list[str] = []
+
+        def salvage(tid: str, view_dir: str) -> None:
+            if self._salvage_session(tid, view_dir):
+                salvaged.append(tid)
+
+        out = sweep(self.layout.tx, self.layout.trash, salvage)
+        out["kept"] = len(salvaged)
+        return out
+
+    def _salvage_session(self, tid: str, view_dir: str) -> bool:
+        from ..isolation import FUSE, OVERLAY, Ignore
+        from ..isolation._capture import capture_upper
+        from ..isolation._layer import Layer
+        from ..isolation._view import SESSION_MARK
+        from . import kept
+
+        tx = self.txs.get(tid)
+        upper = os.path.join(view_dir, "upper")
+        tier = next((t for t in (OVERLAY, FUSE)
+                     if os.path.exists(os.path.join(view_dir, SESSION_MARK + t))), None)
+        if tx is None or tx.state != "active" or tier is None or not os.path.isdir(upper):
+            return False
+        try:
+            with open(os.path.join(view_dir, SESSION_FILE), encoding="utf-8") as f:
+                session = json.load(f)
+        except (OSError, ValueError):
+            return False
+        fp = fingerprint(tx)
+        if session.get("fingerprint") != fp:
+            return False  # staged since: what the session saw is not known any more
+        cap = capture_upper(upper, Layer(self.root, tx.changes(), self.blobs),
+                            Ignore(self._ignore()), fuse=tier == FUSE)
+        return kept.keep(self.layout.tx_dir(tid), self.layout.trash, tx, fp, cap,
+                         {"command": session.get("command"), "exit_code": None,
+                          "timed_out": False}) is not None
 
     def stage_kept(self, tid: str) -> dict[str, Any]:
         """Stage the capture that the last failed terminal session of ``exec`` kept aside

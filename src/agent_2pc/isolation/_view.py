@@ -32,6 +32,7 @@ from ._fswatch import CopyWatch, UpperWatch
 from ._governor import MIB, Governor, Limits
 from ._ignore import DEFAULT_IGNORE, Ignore
 from ._layer import Layer
+from ._owner import owner_tag
 from ._procs import HELPER, children_of, exit_code, ns_of_children, reap_namespace
 from ._remove import discard, rmtree
 from ._sandbox import SANDBOXED, Sandbox, probe_sandbox
@@ -54,6 +55,7 @@ REAPER_GRACE_S = 10.0  # the copy tier's supervisor enforces the timeout; this i
 KILL_WAIT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
 ARGV_ITEMS_MAX = 100_000
+SESSION_MARK = "session-"  # + the tier: a view dir in which a terminal session ran
 RELAY_POLL_S = 0.05  # without a pidfd, how often a terminal relay looks for the exit
 # redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
 # renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
@@ -252,7 +254,7 @@ class StagedView:
         self._layer_parent = os.fspath(layer_parent) if layer_parent is not None else None
         self._copy_parent = os.fspath(copy_parent) if copy_parent is not None else None
         os.makedirs(scratch, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix="view-", dir=scratch)
+        self.dir = tempfile.mkdtemp(prefix=f"view-{owner_tag()}-", dir=scratch)
         self._layer_dir: str | None = None
         self._upper: str | None = None
         self._work: str | None = None
@@ -310,7 +312,8 @@ class StagedView:
             return
         if tier == COPY:
             parent = self._outside_repo(self._copy_parent or tempfile.gettempdir(), "copy")
-            self._copy_base = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-copy-",
+            self._copy_base = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-copy-"
+                                               f"{owner_tag()}-",
                                                dir=parent)
             dest = os.path.join(self._copy_base, os.path.basename(self.root) or "root")
             os.mkdir(dest, 0o700)
@@ -323,7 +326,8 @@ class StagedView:
                 default = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else \
                     tempfile.gettempdir()
                 parent = self._outside_repo(self._layer_parent or default, "staged layer")
-                self._layer_dir = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-layer-",
+                self._layer_dir = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-layer-"
+                                                   f"{owner_tag()}-",
                                                    dir=parent)
                 self.layer.build_overlay(self._layer_dir)
             if self._upper is not None:  # left by a tier whose mount was refused
@@ -489,6 +493,9 @@ class StagedView:
         if use_tty:  # the last step before the program: a session of its own on the pty
             term = Terminal(0, 1 if stdout_fd is None else stdout_fd)
             cmd = session_argv(argv)
+            # a terminal session: what it wrote may be salvaged if we die (recover, runs.py)
+            os.close(os.open(os.path.join(self.dir, f"{SESSION_MARK}{tier}"),
+                             os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         box = None
         if sandbox:
             readonly = (self.agent_tx,) if tier != COPY and self.agent_tx else ()
@@ -560,7 +567,7 @@ class StagedView:
             if copy_ns:
                 unshare = _which("unshare")
                 assert unshare is not None
-                full = [unshare, "--pid", "--fork", "--kill-child", "--", *full]
+                full = _dies_with_us([unshare, "--pid", "--fork", "--kill-child", "--", *full])
             popen_cwd: str | None = view_cwd
         else:
             # A volatile mount refuses a work dir that one used before: each run after the
@@ -570,7 +577,7 @@ class StagedView:
                 self._work = os.path.join(self.dir, f"work-{self._runs}")
                 os.mkdir(self._work, 0o700)
             self._work_used = True
-            full = self._helper_argv(tier, cmd, view_cwd, status, keep)
+            full = _dies_with_us(self._helper_argv(tier, cmd, view_cwd, status, keep))
             popen_cwd = "/"
         t0 = time.perf_counter()
         try:
@@ -768,6 +775,18 @@ class StagedView:
 
 
 _pid_ns_cache: bool | None = None
+
+
+def _dies_with_us(argv: list[str]) -> list[str]:
+    """``argv`` run with a parent-death signal: when we die (SIGKILL included), it gets
+    SIGKILL (``setpriv --pdeathsig``; where setpriv is missing, ``recover`` cleans up)."""
+    global _setpriv
+    if _setpriv is None:
+        _setpriv = _which("setpriv") or ""
+    return [_setpriv, "--pdeathsig", "KILL", "--", *argv] if _setpriv else argv
+
+
+_setpriv: str | None = None
 
 
 def _pid_ns_ok() -> bool:

@@ -22,7 +22,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
     |   |-- ApplyIncomplete               apply_incomplete (decided commit; recover finishes it)
-    |   `-- IsolationUnavailable          isolation_unavailable
+    |   |-- IsolationUnavailable          isolation_unavailable
+    |   `-- WorkspaceReadOnly             workspace_read_only (e.g. inside a staged view)
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
     |   |-- CheckFailed                   verification_failed | command_failed | timeout |
@@ -145,6 +146,10 @@ class ApplyIncomplete(WorkspaceError):
 
 class IsolationUnavailable(WorkspaceError):
     code = "isolation_unavailable"
+
+
+class WorkspaceReadOnly(WorkspaceError):
+    code = "workspace_read_only"
 
 
 # -- a definite no: exit 1 ---------------------------------------------------------------------

@@ -13,14 +13,29 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
-from ..storage.workspace import find_root
+from ..errors import UsageError, WorkspaceReadOnly
+from ..storage.workspace import DIRNAME, find_root
 from ..storage.workspace import init as init_workspace
 from .engine import Engine
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
     from typing import IO, Any
+
+
+def _check_writable(root: str) -> None:
+    """Refuse a workspace we cannot write (every command may recover or append), with the
+    reason rather than an OSError from deep inside: inside a staged view .agent-tx/ is
+    read-only by design (docs/staged-view.md)."""
+    ws = os.path.join(root, DIRNAME)
+    if os.access(ws, os.W_OK):
+        return
+    view = os.environ.get("AGENT2PC_VIEW")
+    why = (f"inside a staged view ({view}), {DIRNAME}/ is read-only: a check or an exec'd "
+           "command cannot change the workspace (exec stages what the command writes; run "
+           "agent-2pc from outside the view)" if view else
+           "a read-only file system, or no permission")
+    raise WorkspaceReadOnly(f"the workspace {ws} cannot be written here: {why}", root=root)
 
 
 class Agent2PC:
@@ -32,6 +47,7 @@ class Agent2PC:
             self.root = find_root(env)
         else:
             self.root = find_root(cwd=os.fspath(root) if root is not None else None)
+        _check_writable(self.root)
         self.engine = Engine(self.root)
 
     @classmethod

@@ -10,12 +10,13 @@ be looked up here and is never judged gone (a nested ``recover`` inside a view m
 the outer view's live layer for a leftover).
 
 A caller killed outright (SIGKILL, the OOM killer) cannot clean up. What it started in the view
-dies with it: the namespace helper has a parent-death signal (``setpriv --pdeathsig KILL``)
-and is PID 1 of the run's PID namespace, whose end kills every process in it; the copy tier's
-supervisor has one too. What it leaves on disk — the layer (as big as the staged files), the
-scratch, the copy — is removed by ``sweep`` (``agent-2pc recover`` calls it), which also kills
-whatever still runs for such a view (a process whose arguments name the view's scratch: the
-helper chain, the supervisor) in case a caller died before its helper had set the signal.
+dies with it: the namespace helper (PID 1 of the run's PID namespace, whose end kills every
+process in it) and the copy tier's supervisor watch a pipe whose other end only the caller
+holds, and end the run when it closes (_procs.py, _reaper.py). What it leaves on disk — the
+layer (as big as the staged files), the scratch, the copy — is removed by ``sweep``
+(``agent-2pc recover`` calls it), which also kills whatever still runs for such a view (a
+process whose arguments name the view's scratch: the helper chain, the supervisor), should a
+run have escaped the watch (a caller gone in the instant before its helper forked the command).
 """
 
 from __future__ import annotations

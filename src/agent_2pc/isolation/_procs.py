@@ -17,13 +17,21 @@ import time
 
 NS_REAP_S_MAX = 10.0
 
-# The helper: $1..$10 are fixed, then the command. It opens every directory it needs *before*
+# The helper: $1..$11 are fixed, then the command. It opens every directory it needs *before*
 # mounting over the root (the upper dir and .agent-tx/ live below it) and hands them to the
 # mounts as /proc/self/fd/N, so no path needs escaping in a mount option. Status lines go to
 # the status file: @ok once the view is ready (the command runs only after that), @exit N when
 # the command ended, or @fail WHY (and the mount's own message) when the view could not be made.
 # $10 non-empty: the command keeps the status file on fd 3 (the governor's and the sandbox's
 # wrappers report on it, and the last of them closes it before the command proper starts).
+# $11: a descriptor (10 or above) that reads from a pipe whose other end only the caller holds:
+# a watcher (a fork of the helper, no exec) waits on it and, when it reads end-of-file (the
+# caller exited, however: SIGKILL included), tells the helper to exit at its next step (USR1:
+# before the command starts, or once it is gone) and kills every other process of the
+# namespace; with PID 1 gone the namespace goes. dash takes no descriptor above 9 in a
+# redirection, so the pipe is opened again through /proc at 4: read-write first (that never
+# waits for a writer, even when the caller is already gone), then read-only, and the
+# read-write one is closed at once: the caller's end is then the only writer.
 # The kernel overlay is mounted ``uuid=off,volatile`` where the kernel knows these options (it
 # is tried without them otherwise): uuid=on (the default since Linux 6.6) writes an xattr on the
 # upper root at mount time, and without volatile the upper file system is synced when the
@@ -31,10 +39,17 @@ NS_REAP_S_MAX = 10.0
 # measured). Nothing needs the upper dir to survive a crash, and no file handle is exported.
 HELPER = r"""
 root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 agent_tx=$9 keep=${10}
-shift 10
+watch=${11}
+shift 11
 sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec 3>>"$status"
 fail() { echo "@fail $*" >&3; exit 125; }
+trap 'exit 137' USR1
+if [ -n "$watch" ]; then
+    exec 9<>"/proc/self/fd/$watch" 4</proc/self/fd/9 9<&-
+    { trap - USR1; read _ <&4; kill -USR1 1; kill -KILL -1; } 3>&- &
+    exec 4<&-
+fi
 exec 5<"$root" 6<"$layer" 7<"$upper" 8<"$work"
 if [ -n "$agent_tx" ]; then exec 4<"$agent_tx"; fi
 lower=/proc/self/fd/6:/proc/self/fd/5
@@ -55,8 +70,8 @@ fuse-overlayfs)
 esac
 exec 5<&- 6<&- 7<&- 8<&-
 if [ -n "$agent_tx" ]; then
-    PATH="$sys_path:$PATH" mount -c --bind /proc/self/fd/4 "$root/.agent-tx" 2>&3 \
-        || fail "cannot bind .agent-tx back"
+    PATH="$sys_path:$PATH" mount -c --bind -o ro /proc/self/fd/4 "$root/.agent-tx" 2>&3 \
+        || fail "cannot bind .agent-tx back read-only"
     exec 4<&-
 fi
 cd "$cwd" 2>&3 || fail "cannot enter $cwd in the view"

@@ -9,13 +9,15 @@ descendant with SIGKILL and reaps them until none is left, then exits with the c
 
 Standalone on purpose (stdlib only, no package import): it starts with ``-S -I``.
 
-    _reaper.py STATUS_FILE TIMEOUT_S INTERACTIVE(0|1) PARENT_PID [keep-status] -- CMD ARGS...
+    _reaper.py STATUS_FILE TIMEOUT_S INTERACTIVE(0|1) PARENT_PID [OPTION...] -- CMD ARGS...
 
 PARENT_PID 0: the caller is not our parent (``unshare --pid --fork`` is, for a governed run:
 then we are PID 1 of a namespace, whose end kills whatever is left).
 
-With ``keep-status`` the command gets the status file on fd 3 (the governor's and the
+Options: ``keep-status``: the command gets the status file on fd 3 (the governor's and the
 sandbox's wrappers report on it and close it before the command proper starts).
+``watch=FD``: FD reads from a pipe whose other end only the caller holds; end-of-file there
+means the caller is gone (however it went), and everything is killed as on SIGTERM.
 
 It appends to STATUS_FILE: ``@ok`` once it runs, then ``@exit N`` (N as a shell gives it:
 128+signal when killed), ``@timeout``, or ``@fail WHY`` when it cannot supervise.
@@ -90,13 +92,22 @@ def kill_all() -> bool:
     return not descendants()
 
 
+def _closed(fd: int) -> bool:
+    """Has the other end of the pipe ``fd`` been closed (end-of-file)?"""
+    try:
+        return os.read(fd, 1) == b""
+    except BlockingIOError:
+        return False
+
+
 def main(argv: list[str]) -> int:
     status_path, timeout_s, interactive, parent = argv[:4]
-    keep = argv[4] == "keep-status"
-    rest = argv[5:] if keep else argv[4:]
-    assert rest[:1] == ["--"], \
-        "usage: _reaper.py STATUS TIMEOUT_S INTERACTIVE PARENT [keep-status] -- CMD..."
-    cmd = rest[1:]
+    assert "--" in argv[4:], "usage: _reaper.py STATUS TIMEOUT_S INTERACTIVE PARENT [OPT] -- CMD"
+    sep = argv.index("--", 4)
+    opts = dict(o.partition("=")[::2] for o in argv[4:sep])
+    keep = "keep-status" in opts
+    watch = int(opts["watch"]) if opts.get("watch") else None
+    cmd = argv[sep + 1:]
     status = os.open(status_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
     pass_fds: tuple[int, ...] = ()
     if keep:
@@ -131,6 +142,8 @@ def main(argv: list[str]) -> int:
         signal.signal(signal.SIGINT, on_tty)
         signal.signal(signal.SIGQUIT, on_tty)
     note("@ok")
+    if watch is not None:
+        os.set_blocking(watch, False)
     try:
         child = subprocess.Popen(cmd, pass_fds=pass_fds)
     except OSError as exc:
@@ -141,6 +154,8 @@ def main(argv: list[str]) -> int:
     deadline = time.monotonic() + limit if limit > 0 else None
     rc = None
     while rc is None:
+        if watch is not None and _closed(watch):
+            stop.append(int(signal.SIGKILL))  # the caller is gone
         if stop:
             break
         wait_s = POLL_S

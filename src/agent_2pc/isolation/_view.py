@@ -15,6 +15,7 @@ the mount made (``@ok``), in the copy tier its working directory is in the copy.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import shutil
@@ -56,7 +57,8 @@ KILL_WAIT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
 ARGV_ITEMS_MAX = 100_000
 SESSION_MARK = "session-"  # + the tier: a view dir in which a terminal session ran
-RELAY_POLL_S = 0.05  # without a pidfd, how often a terminal relay looks for the exit
+RELAY_POLL_S = 0.05
+WATCH_FD_MIN = 10  # the caller's liveness pipe, in the helper: above the helper's own 3..9  # without a pidfd, how often a terminal relay looks for the exit
 # redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
 # renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
 # index=off: no hard-link index in the work dir. In a user namespace the kernel wants
@@ -455,7 +457,7 @@ class StagedView:
             self._running = False
 
     def _helper_argv(self, tier: str, argv: list[str], view_cwd: str, status: str,
-                     keep_status: bool = False) -> list[str]:
+                     keep_status: bool = False, watch: int | None = None) -> list[str]:
         unshare = _which("unshare")
         assert unshare is not None
         assert self._layer_dir and self._upper and self._work
@@ -471,7 +473,8 @@ class StagedView:
         head += ["--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
                  "--mount-proc", "--", "/bin/sh", "-c", HELPER, "agent-2pc-view"]
         return head + [self.root, self._layer_dir, self._upper, self._work, view_cwd, status,
-                       tier, opts, self.agent_tx or "", "1" if keep_status else ""] + cmd
+                       tier, opts, self.agent_tx or "", "1" if keep_status else "",
+                       "" if watch is None else str(watch)] + cmd
 
     def _run_once(self, tier: str, argv: list[str], rel: str, env: Mapping[str, str] | None,
                   timeout_s: float | None, interactive: bool, log_path: str | None,
@@ -559,15 +562,20 @@ class StagedView:
         log_fd = None
         if log is not None:
             log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # The run dies with us: its helper (or supervisor) watches a pipe whose other end only
+        # we hold, and kills the run when it closes (we exited, however: SIGKILL included).
+        watch_r, watch_w = os.pipe2(os.O_CLOEXEC)
+        watch = fcntl.fcntl(watch_r, fcntl.F_DUPFD_CLOEXEC, WATCH_FD_MIN)  # clear of 3..9
+        os.close(watch_r)
         if tier == COPY:
             full = [sys.executable, "-S", "-I", REAPER, status,
                     repr(float(timeout_s or 0)), "1" if interactive else "0",
                     "0" if copy_ns else str(os.getpid()), *(["keep-status"] if keep else []),
-                    "--", *cmd]
+                    f"watch={watch}", "--", *cmd]
             if copy_ns:
                 unshare = _which("unshare")
                 assert unshare is not None
-                full = _dies_with_us([unshare, "--pid", "--fork", "--kill-child", "--", *full])
+                full = [unshare, "--pid", "--fork", "--kill-child", "--", *full]
             popen_cwd: str | None = view_cwd
         else:
             # A volatile mount refuses a work dir that one used before: each run after the
@@ -577,7 +585,7 @@ class StagedView:
                 self._work = os.path.join(self.dir, f"work-{self._runs}")
                 os.mkdir(self._work, 0o700)
             self._work_used = True
-            full = _dies_with_us(self._helper_argv(tier, cmd, view_cwd, status, keep))
+            full = self._helper_argv(tier, cmd, view_cwd, status, keep, watch)
             popen_cwd = "/"
         t0 = time.perf_counter()
         try:
@@ -586,8 +594,12 @@ class StagedView:
                 stdin=stdout_fd if term else None if interactive else subprocess.DEVNULL,
                 stdout=stdout_fd if interactive else log_fd,
                 stderr=stdout_fd if term else None if interactive else subprocess.STDOUT,
-                start_new_session=not interactive or term is not None)
+                start_new_session=not interactive or term is not None, pass_fds=(watch,))
+        except BaseException:
+            os.close(watch_w)
+            raise
         finally:
+            os.close(watch)
             if log_fd is not None:
                 os.close(log_fd)
             if term is not None and stdout_fd is not None:
@@ -596,8 +608,11 @@ class StagedView:
             gov.start(proc.pid, time.monotonic())
         if term is not None:
             term.start()
-        timed_out, survivors, tripped = self._wait(proc, tier, timeout_s, interactive, gov,
-                                                   term)
+        try:
+            timed_out, survivors, tripped = self._wait(proc, tier, timeout_s, interactive, gov,
+                                                       term)
+        finally:
+            os.close(watch_w)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         killed = tripped is not None
         if gov is not None:  # every process is gone: the last look, then the cgroups go
@@ -775,18 +790,6 @@ class StagedView:
 
 
 _pid_ns_cache: bool | None = None
-
-
-def _dies_with_us(argv: list[str]) -> list[str]:
-    """``argv`` run with a parent-death signal: when we die (SIGKILL included), it gets
-    SIGKILL (``setpriv --pdeathsig``; where setpriv is missing, ``recover`` cleans up)."""
-    global _setpriv
-    if _setpriv is None:
-        _setpriv = _which("setpriv") or ""
-    return [_setpriv, "--pdeathsig", "KILL", "--", *argv] if _setpriv else argv
-
-
-_setpriv: str | None = None
 
 
 def _pid_ns_ok() -> bool:

@@ -351,6 +351,33 @@ def test_a_sandboxed_check_has_no_network_unless_asked(repo):
         listener.close()
 
 
+def test_exec_takes_the_sandbox_of_stage_cmd(repo):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    probe = (f"echo made > made.txt; touch /etc/agent2pc-probe 2>/dev/null && echo HOST-W; "
+             f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), "
+             "timeout=2)\" 2>/dev/null && echo NET-$((1+1)); true")
+    try:
+        _, begun, _ = cli(repo, "begin")
+        status, out, err = cli(repo, "exec", "--tid", begun["tid"], "--sandbox", "--", "sh",
+                               "-c", probe)
+        assert status == 0 and [c["path"] for c in out["captured"]] == ["made.txt"]
+        assert out["sandbox"]["network"] is False and out["sandbox"]["readonly_host"] is True
+        assert "HOST-W" not in err and "NET-2" not in err
+        status, out, err = cli(repo, "exec", "--tid", begun["tid"], "--sandbox", "--network",
+                               "--", "sh", "-c", probe)
+        assert status == 0 and out["sandbox"]["network"] is True and "NET-2" in err
+        status, out, _ = cli(repo, "exec", "--tid", begun["tid"], "--network", "--", "true")
+        assert status == 2 and out["error"]["code"] == "usage"
+    finally:
+        listener.close()
+    assert not os.path.exists("/etc/agent2pc-probe")
+
+
 def test_a_fork_bomb_trips_max_procs_and_the_tree_is_untouched(repo):
     before = snapshot(repo)
     _, begun, _ = cli(repo, "begin")

@@ -156,7 +156,8 @@ def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
         raise UsageError("exec needs a command after '--': agent-2pc exec --tid T -- CMD ARGS")
     out = ctx.client().engine.exec_cmd(args["tid"], args["argv"], timeout_ms=args["timeout_ms"],
                                        interactive=True, stdout_fd=2 if ctx.json else None,
-                                       keep_on_failure=args["keep_on_failure"])
+                                       keep_on_failure=args["keep_on_failure"],
+                                       sandbox=args["sandbox"], network=args["network"])
     if ctx.json:
         return out
     import sys
@@ -398,7 +399,11 @@ COMMANDS: tuple[Command, ...] = (
                 TID, Opt("--timeout-ms", type=int_arg, metavar="N",
                          help="kill it after N ms (default: none)"),
                 Opt("--keep-on-failure", FLAG, help="stage what it changed even when it "
-                    "fails (still exit 1)")), takes_rest=True),
+                    "fails (still exit 1)"),
+                Opt("--sandbox", FLAG, help="confine it: host read-only, private /tmp, no "
+                    "network"),
+                Opt("--network", FLAG, help="with --sandbox: allow the network")),
+            takes_rest=True),
     Command("stage-kept", "stage what a failed terminal session of exec kept aside",
             run_stage_kept, (TID,), extra={"text": text_exec}),
     Command("stage-wasm", "run a WASI module in the staged view and stage what it writes",

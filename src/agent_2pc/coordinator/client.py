@@ -13,29 +13,14 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError, WorkspaceReadOnly
-from ..storage.workspace import DIRNAME, find_root
+from ..errors import UsageError
 from ..storage.workspace import init as init_workspace
+from ._locate import check_writable, locate_root
 from .engine import Engine
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
     from typing import IO, Any
-
-
-def _check_writable(root: str) -> None:
-    """Refuse a workspace we cannot write (every command may recover or append), with the
-    reason rather than an OSError from deep inside: inside a staged view .agent-tx/ is
-    read-only by design (docs/staged-view.md)."""
-    ws = os.path.join(root, DIRNAME)
-    if os.access(ws, os.W_OK):
-        return
-    view = os.environ.get("AGENT2PC_VIEW")
-    why = (f"inside a staged view ({view}), {DIRNAME}/ is read-only: a check or an exec'd "
-           "command cannot change the workspace (exec stages what the command writes; run "
-           "agent-2pc from outside the view)" if view else
-           "a read-only file system, or no permission")
-    raise WorkspaceReadOnly(f"the workspace {ws} cannot be written here: {why}", root=root)
 
 
 class Agent2PC:
@@ -44,10 +29,10 @@ class Agent2PC:
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         env = os.environ.get("AGENT2PC_ROOT")
         if root is None and env:
-            self.root = find_root(env)
+            self.root = locate_root(env)
         else:
-            self.root = find_root(cwd=os.fspath(root) if root is not None else None)
-        _check_writable(self.root)
+            self.root = locate_root(cwd=os.fspath(root) if root is not None else None)
+        check_writable(self.root)
         self.engine = Engine(self.root)
 
     @classmethod
@@ -165,13 +150,16 @@ class Transaction:
                                       limits)
 
     def exec(self, argv: list[str], timeout_ms: int | None = None,
-             interactive: bool = False, keep_on_failure: bool = False) -> dict[str, Any]:
+             interactive: bool = False, keep_on_failure: bool = False,
+             sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run a command in the staged view and stage what it created, changed and deleted.
         A failing command stages nothing and raises CheckFailed (``command_failed``), unless
         ``keep_on_failure``: then what it changed is staged all the same (and it still
-        raises). A failed session on a terminal keeps its changes aside for ``stage_kept``."""
+        raises). A failed session on a terminal keeps its changes aside for ``stage_kept``.
+        ``sandbox`` (and ``network``): confined as ``stage_cmd(sandbox=True)``."""
         return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive,
-                                     keep_on_failure=keep_on_failure)
+                                     keep_on_failure=keep_on_failure, sandbox=sandbox,
+                                     network=network)
 
     def stage_kept(self) -> dict[str, Any]:
         """Stage what the last failed terminal session of exec kept aside."""
@@ -183,10 +171,11 @@ class Transaction:
         """Run a WASI module (wasmtime) in the staged view and stage what it wrote."""
         return self._engine.stage_wasm(self.tid, module, args, fuel, max_memory_mb, timeout_ms)
 
-    def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None
-                     ) -> dict[str, Any]:
+    def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None,
+                     sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run a command in the staged view just to look: its output, nothing captured."""
-        return self._engine.view_run(self.tid, command, timeout_ms)
+        return self._engine.view_run(self.tid, command, timeout_ms, sandbox=sandbox,
+                                     network=network)
 
     def savepoint(self, name: str) -> dict[str, Any]:
         return self._engine.savepoint(self.tid, name)

@@ -239,16 +239,18 @@ class Runs:
 
     def exec_cmd(self, tid: str, argv: list[str], timeout_ms: int | None = None,
                  interactive: bool = True, stdout_fd: int | None = None,
-                 tier: str | None = None, keep_on_failure: bool = False) -> dict[str, Any]:
+                 tier: str | None = None, keep_on_failure: bool = False,
+                 sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run ``argv`` in the staged view and stage everything it changed. A command that
         fails (or times out) stages nothing and raises CheckFailed with code
         ``command_failed`` (``timeout``); the transaction stays active. With
         ``keep_on_failure`` it stages what the command changed all the same (and still raises,
         with ``captured``). A session on a terminal of its own (``tty`` in the result) that
         fails after changing files keeps its capture aside (``kept`` in the error's result):
-        ``stage_kept`` stages it."""
+        ``stage_kept`` stages it. ``sandbox`` (and ``network``): confined as ``stage_cmd``'s."""
         command = _command(argv)
         timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
+        _check_network(sandbox, network)
         tx = self._snapshot(tid)
         view = self._view(tx, tier)
         try:
@@ -257,7 +259,8 @@ class Runs:
                     json.dump({"fingerprint": fingerprint(tx), "command": command}, f)
             log = None if interactive else self._log_path(tid, "exec")
             res = view.run(command, timeout_s=timeout_s, interactive=interactive,
-                           stdout_fd=stdout_fd if interactive else None, log_path=log)
+                           stdout_fd=stdout_fd if interactive else None, log_path=log,
+                           sandbox=sandbox, network=network)
             result = _result_json(res)
             if not res.passed:
                 raise self._exec_failed(tx, command, res, result, view, keep_on_failure)
@@ -383,16 +386,18 @@ class Runs:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
 
-    def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None
-                 ) -> dict[str, Any]:
+    def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None,
+                 sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run a command in the staged view to look around: output returned, nothing
-        captured, no check recorded."""
+        captured, no check recorded. ``sandbox`` (and ``network``) as for ``stage_cmd``."""
         command = _command(command)
+        _check_network(sandbox, network)
         tx = self._snapshot(tid)
         view = self._view(tx)
         try:
             res = view.run(command, timeout_s=_timeout_s(timeout_ms),
-                           log_path=self._log_path(tid, "look"), tail_bytes=64 * 1024)
+                           log_path=self._log_path(tid, "look"), tail_bytes=64 * 1024,
+                           sandbox=sandbox, network=network)
         finally:
             view.close()
         return _result_json(res)
@@ -495,6 +500,11 @@ class Runs:
         if op is not None:
             return op.pre
         return None if below_link else self._tree_fingerprint(rel)
+
+
+def _check_network(sandbox: bool, network: bool) -> None:
+    if network and not sandbox:
+        raise UsageError("--network only makes sense with --sandbox")
 
 
 def _last_lines(result: dict[str, Any], n: int = 3) -> str:

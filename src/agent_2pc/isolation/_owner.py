@@ -2,7 +2,9 @@
 
 A view's directories carry their owner in their names: ``view-<tag>-*`` (the view's scratch:
 upper and work dirs, status files, logs), ``agent-2pc-<uid>-layer-<tag>-*`` (the staged layer,
-in /dev/shm) and ``agent-2pc-<uid>-copy-<tag>-*`` (the copy tier's copy, in the temp dir),
+in /dev/shm), ``agent-2pc-<uid>-copy-<tag>-*`` (the copy tier's copy, in the temp dir) and
+``agent-2pc-<uid>-wasm-<tag>-*`` (a WASI run's compiled module and report, in the temp dir)
+and ``agent-2pc-<uid>-upper-<tag>-*`` (fuse-overlayfs's upper and work dirs, in the temp dir),
 where ``<tag>`` is ``<ns>.<pid>.<start>``: the process that made the view, its start time (in
 clock ticks since boot, /proc/PID/stat field 22: a reused pid is not taken for the owner) and
 its PID namespace (the inode of /proc/self/ns/pid). An owner in another PID namespace cannot
@@ -156,15 +158,15 @@ def sweep(scratch_root: str | None, trash: str | None = None,
         except OSError:
             continue
         for name in names:
-            for kind in ("layer", "copy"):
+            for kind in ("layer", "copy", "wasm", "upper"):
                 tag = _tag_of(name, f"agent-2pc-{uid}-{kind}-")
                 if tag is None or not owner_gone(tag):
                     continue
                 path = os.path.join(parent, name)
-                if kind == "layer":
-                    rmtree(path)  # small, usually on tmpfs: at once
-                    out["layers"] += 1
-                else:
+                if kind in ("copy", "upper"):
                     discard(path)
-                    out["copies"] += 1
+                    out["copies"] += kind == "copy"
+                else:
+                    rmtree(path)  # a layer (usually on tmpfs) or a WASI run's module: at once
+                    out["layers"] += kind == "layer"
     return out

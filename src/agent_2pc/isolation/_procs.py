@@ -18,10 +18,12 @@ import time
 NS_REAP_S_MAX = 10.0
 
 # The helper: $1..$11 are fixed, then the command. It opens every directory it needs *before*
-# mounting over the root (the upper dir and .agent-tx/ live below it) and hands them to the
-# mounts as /proc/self/fd/N, so no path needs escaping in a mount option. Status lines go to
-# the status file: @ok once the view is ready (the command runs only after that), @exit N when
-# the command ended, or @fail WHY (and the mount's own message) when the view could not be made.
+# mounting over the root (the upper dir lives below it, in .agent-tx/) and hands them to the
+# mounts as /proc/self/fd/N, so no path needs escaping in a mount option. The view shows no
+# .agent-tx/ (the staged layer hides it with a whiteout): the workspace is out of reach.
+# Status lines go to the status file: @ok once the view is ready (the command runs only after
+# that), @exit N when the command ended, or @fail WHY (and the mount's own message) when the
+# view could not be made.
 # $10 non-empty: the command keeps the status file on fd 3 (the governor's and the sandbox's
 # wrappers report on it, and the last of them closes it before the command proper starts).
 # $11: a descriptor (10 or above) that reads from a pipe whose other end only the caller holds:
@@ -38,7 +40,7 @@ NS_REAP_S_MAX = 10.0
 # namespace dies; either makes a run wait behind unrelated writeback on that disk (over 100 ms
 # measured). Nothing needs the upper dir to survive a crash, and no file handle is exported.
 HELPER = r"""
-root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 agent_tx=$9 keep=${10}
+root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 keep=${10}
 watch=${11}
 shift 11
 sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -51,7 +53,6 @@ if [ -n "$watch" ]; then
     exec 4<&-
 fi
 exec 5<"$root" 6<"$layer" 7<"$upper" 8<"$work"
-if [ -n "$agent_tx" ]; then exec 4<"$agent_tx"; fi
 lower=/proc/self/fd/6:/proc/self/fd/5
 case $mounter in
 overlay)
@@ -69,17 +70,29 @@ fuse-overlayfs)
 *) fail "unknown mounter $mounter" ;;
 esac
 exec 5<&- 6<&- 7<&- 8<&-
-if [ -n "$agent_tx" ]; then
-    PATH="$sys_path:$PATH" mount -c --bind -o ro /proc/self/fd/4 "$root/.agent-tx" 2>&3 \
-        || fail "cannot bind .agent-tx back read-only"
-    exec 4<&-
-fi
 cd "$cwd" 2>&3 || fail "cannot enter $cwd in the view"
 echo @ok >&3
 if [ -n "$keep" ]; then "$@"; else "$@" 3>&-; fi
 rc=$?
 echo "@exit $rc" >&3
 exit $rc
+"""
+
+# The copy tier's helper, in a private mount namespace (a user namespace too when not root):
+# the real repository is made read-only at its own path (the command works in the copy, and
+# must not reach the tree, nor .agent-tx/, by the repo's absolute path), then the supervisor
+# runs. The status file is opened first (on fd 3; it lives in .agent-tx/) and the supervisor
+# opens it again through /proc/self/fd/3, which leads to the writable mount beneath.
+COPY_HELPER = r"""
+root=$1 status=$2
+shift 2
+sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+exec 3>>"$status"
+PATH="$sys_path:$PATH" mount -c --bind -o ro "$root" "$root" 2>&3 || {
+    echo "@fail cannot make the repository read-only in the view's mount namespace" >&3
+    exit 125
+}
+exec "$@"
 """
 
 

@@ -18,6 +18,11 @@ Options: ``keep-status``: the command gets the status file on fd 3 (the governor
 sandbox's wrappers report on it and close it before the command proper starts).
 ``watch=FD``: FD reads from a pipe whose other end only the caller holds; end-of-file there
 means the caller is gone (however it went), and everything is killed as on SIGTERM.
+``landlock=ROOT`` (and ``allow=DIR``, repeatable in one option as ``allow=A:B``): where no
+mount namespace can be had, keep the command out of the real repository ROOT with Landlock
+(``landlock``): every write right is handled, and granted beneath every entry of ROOT's
+ancestors but the one on the way to ROOT (and but /proc and /sys at the top), and beneath each
+DIR (the copy). See ``landlock_confine``.
 
 It appends to STATUS_FILE: ``@ok`` once it runs, then ``@exit N`` (N as a shell gives it:
 128+signal when killed), ``@timeout``, or ``@fail WHY`` when it cannot supervise.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -92,6 +98,73 @@ def kill_all() -> bool:
     return not descendants()
 
 
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+PR_SET_NO_NEW_PRIVS = 38
+LL_WRITE_FILE = 1 << 1
+LL_DIR_WRITES = sum(1 << b for b in (4, 5, 6, 7, 8, 9, 10, 11, 12))  # remove_*, make_*
+LL_REFER, LL_TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
+LANDLOCK_RULES_MAX = 200_000
+NOT_GRANTED_AT_TOP = ("proc", "sys")
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_confine(libc: ctypes.CDLL, root: str, allow: list[str]) -> str | None:
+    """Restrict this process (and what it starts) from writing below ``root``; None when done,
+    else why not. Landlock rules can only grant: write rights are granted beneath each entry of
+    each ancestor of ``root`` except the one on the way to it (so new entries made later right
+    in an ancestor, and files right in one, are not writable), and beneath ``allow``."""
+    abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, LANDLOCK_CREATE_RULESET_VERSION)
+    if abi < 1:
+        return f"Landlock is not available here ({os.strerror(ctypes.get_errno())})"
+    dir_rights = LL_WRITE_FILE | LL_DIR_WRITES | (LL_REFER if abi >= 2 else 0) | \
+        (LL_TRUNCATE if abi >= 3 else 0)
+    file_rights = LL_WRITE_FILE | (LL_TRUNCATE if abi >= 3 else 0)
+    handled = ctypes.c_uint64(dir_rights)
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(handled), 8, 0)
+    if ruleset < 0:
+        return f"landlock_create_ruleset: {os.strerror(ctypes.get_errno())}"
+    try:
+        grants: list[str] = list(allow)
+        parts = root.strip("/").split("/")
+        for depth in range(len(parts)):
+            parent = "/" + "/".join(parts[:depth])
+            try:
+                names = os.listdir(parent)
+            except OSError:
+                continue
+            for name in names:
+                if name == parts[depth] or (depth == 0 and name in NOT_GRANTED_AT_TOP):
+                    continue
+                grants.append(os.path.join(parent, name))
+        for path in grants[:LANDLOCK_RULES_MAX]:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                st = os.fstat(fd)
+                if stat.S_ISLNK(st.st_mode):
+                    continue
+                rule = _PathBeneath(dir_rights if stat.S_ISDIR(st.st_mode) else file_rights, fd)
+                libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH,
+                             ctypes.byref(rule), 0)
+            finally:
+                os.close(fd)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(ctypes.get_errno())}"
+        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+            return f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}"
+    finally:
+        os.close(ruleset)
+    return None
+
+
 def _closed(fd: int) -> bool:
     """Has the other end of the pipe ``fd`` been closed (end-of-file)?"""
     try:
@@ -121,6 +194,13 @@ def main(argv: list[str]) -> int:
         os.write(status, (line + "\n").encode())
 
     libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if opts.get("landlock"):
+        why = landlock_confine(libc, opts["landlock"], [a for a in opts.get("allow", "")
+                                                        .split(":") if a])
+        if why is not None:
+            note(f"@fail the command cannot be kept out of the repository: {why}")
+            return 125
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         note(f"@fail prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")
         return 125

@@ -34,7 +34,14 @@ from ._governor import MIB, Governor, Limits
 from ._ignore import DEFAULT_IGNORE, Ignore
 from ._layer import Layer
 from ._owner import owner_tag
-from ._procs import HELPER, children_of, exit_code, ns_of_children, reap_namespace
+from ._procs import (
+    COPY_HELPER,
+    HELPER,
+    children_of,
+    exit_code,
+    ns_of_children,
+    reap_namespace,
+)
 from ._remove import discard, rmtree
 from ._sandbox import SANDBOXED, Sandbox, probe_sandbox
 from ._terminal import STOP_POLL_S, Terminal, session_argv, wanted
@@ -58,6 +65,7 @@ PROBE_TIMEOUT_S = 10.0
 ARGV_ITEMS_MAX = 100_000
 SESSION_MARK = "session-"  # + the tier: a view dir in which a terminal session ran
 RELAY_POLL_S = 0.05  # without a pidfd, how often a terminal relay looks for the exit
+LANDLOCK_CREATE_RULESET = 444  # the syscall's number (asm-generic: every architecture)
 WATCH_FD_MIN = 10  # the caller's liveness pipe, in the helper: above the helper's own 3..9
 # redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
 # renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
@@ -260,6 +268,7 @@ class StagedView:
         self._layer_dir: str | None = None
         self._upper: str | None = None
         self._work: str | None = None
+        self._mounts_dir: str | None = None  # fuse-overlayfs's upper and work dirs
         self._copy_base: str | None = None
         self._copy_root: str | None = None
         self._before: dict[str, Any] | None = None
@@ -331,12 +340,24 @@ class StagedView:
                 self._layer_dir = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-layer-"
                                                    f"{owner_tag()}-",
                                                    dir=parent)
-                self.layer.build_overlay(self._layer_dir)
+                # .agent-tx/ is hidden in the view: no command reaches the workspace's state
+                self.layer.build_overlay(self._layer_dir, hide=(DIRNAME,))
             if self._upper is not None:  # left by a tier whose mount was refused
                 rmtree(self._upper)
             self._upper = os.path.join(self.dir, "upper")
-            os.mkdir(self._upper, 0o700)
-            self._work = os.path.join(self.dir, f"work-{self._runs}")
+            if tier == FUSE:
+                # fuse-overlayfs reaches its upper and work dirs by path, and the view hides
+                # .agent-tx/ (and mounts over the repo): they live outside it, the view's dir
+                # links to them
+                parent = self._outside_repo(self._copy_parent or tempfile.gettempdir(),
+                                            "fuse-overlayfs upper dir")
+                self._mounts_dir = tempfile.mkdtemp(
+                    prefix=f"agent-2pc-{os.getuid()}-upper-{owner_tag()}-", dir=parent)
+                os.mkdir(os.path.join(self._mounts_dir, "upper"), 0o700)
+                os.symlink(os.path.join(self._mounts_dir, "upper"), self._upper)
+            else:
+                os.mkdir(self._upper, 0o700)
+            self._work = os.path.join(self._mounts_dir or self.dir, f"work-{self._runs}")
             os.mkdir(self._work, 0o700)
             self._work_used = False
             self.layer.match_root(self._upper)  # the view's root shows the upper's attributes
@@ -365,8 +386,6 @@ class StagedView:
         out = dict(os.environ if env is None else env)
         out["PWD"] = cwd
         out["AGENT2PC_VIEW"] = tier
-        if tier == COPY and self.agent_tx and "AGENT2PC_ROOT" not in out:
-            out["AGENT2PC_ROOT"] = self.root  # nested agent-2pc calls reach the real workspace
         return out
 
     def run(self, command: str | Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
@@ -456,6 +475,43 @@ class StagedView:
         finally:
             self._running = False
 
+    def _copy_argv(self, cmd: list[str], status: str, timeout_s: float | None,
+                   interactive: bool, keep: bool, watch: int, copy_ns: bool) -> list[str]:
+        """The copy tier's supervisor (_reaper.py) for ``cmd``, kept out of the real
+        repository: in a mount namespace where it is read-only (COPY_HELPER), else by
+        Landlock (the supervisor restricts itself); IsolationUnavailable when neither can
+        be had."""
+        how = copy_confinement()
+        opts = [*(["keep-status"] if keep else []), f"watch={watch}"]
+        if how == "landlock":
+            assert self._copy_base is not None
+            opts += [f"landlock={self.root}", f"allow={self._copy_base}"]
+        elif how != "ns":
+            raise IsolationUnavailable(f"the copy tier cannot keep the command out of the "
+                                       f"repository here: {how}", tier=COPY)
+        reaper = [sys.executable, "-S", "-I", REAPER,
+                  "/proc/self/fd/3" if how == "ns" else status, repr(float(timeout_s or 0)),
+                  "1" if interactive else "0", "0" if copy_ns else str(os.getpid()), *opts,
+                  "--", *cmd]
+        if how != "ns":
+            if not copy_ns:
+                return reaper
+            unshare = _which("unshare")
+            assert unshare is not None
+            return [unshare, "--pid", "--fork", "--kill-child", "--", *reaper]
+        unshare = _which("unshare")
+        assert unshare is not None
+        head = [unshare]
+        if os.geteuid() != 0:  # as root of a user namespace to mount, then ourselves again
+            head += ["--user", "--map-root-user"]
+            reaper = [unshare, "--user", f"--map-user={os.getuid()}",
+                      f"--map-group={os.getgid()}", "--", *reaper]
+        head += ["--mount", "--propagation", "private"]
+        if copy_ns:
+            head += ["--pid", "--fork", "--kill-child"]
+        return [*head, "--", "/bin/sh", "-c", COPY_HELPER, "agent-2pc-copy", self.root, status,
+                *reaper]
+
     def _helper_argv(self, tier: str, argv: list[str], view_cwd: str, status: str,
                      keep_status: bool = False, watch: int | None = None) -> list[str]:
         unshare = _which("unshare")
@@ -473,7 +529,7 @@ class StagedView:
         head += ["--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
                  "--mount-proc", "--", "/bin/sh", "-c", HELPER, "agent-2pc-view"]
         return head + [self.root, self._layer_dir, self._upper, self._work, view_cwd, status,
-                       tier, opts, self.agent_tx or "", "1" if keep_status else "",
+                       tier, opts, "", "1" if keep_status else "",
                        "" if watch is None else str(watch)] + cmd
 
     def _run_once(self, tier: str, argv: list[str], rel: str, env: Mapping[str, str] | None,
@@ -501,7 +557,7 @@ class StagedView:
                              os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         box = None
         if sandbox:
-            readonly = (self.agent_tx,) if tier != COPY and self.agent_tx else ()
+            readonly = ()
             box = Sandbox(view_root=view_root, cwd=view_cwd, network=network,
                           interactive=interactive, readonly=readonly,
                           tmp_size_bytes=None if limits is None or limits.disk_mb is None
@@ -568,21 +624,14 @@ class StagedView:
         watch = fcntl.fcntl(watch_r, fcntl.F_DUPFD_CLOEXEC, WATCH_FD_MIN)  # clear of 3..9
         os.close(watch_r)
         if tier == COPY:
-            full = [sys.executable, "-S", "-I", REAPER, status,
-                    repr(float(timeout_s or 0)), "1" if interactive else "0",
-                    "0" if copy_ns else str(os.getpid()), *(["keep-status"] if keep else []),
-                    f"watch={watch}", "--", *cmd]
-            if copy_ns:
-                unshare = _which("unshare")
-                assert unshare is not None
-                full = [unshare, "--pid", "--fork", "--kill-child", "--", *full]
+            full = self._copy_argv(cmd, status, timeout_s, interactive, keep, watch, copy_ns)
             popen_cwd: str | None = view_cwd
         else:
             # A volatile mount refuses a work dir that one used before: each run after the
             # first gets a fresh one. The old ones go at close (a delete frees disk blocks,
             # which is slow on discard mounts: not on the critical path).
             if self._work_used:
-                self._work = os.path.join(self.dir, f"work-{self._runs}")
+                self._work = os.path.join(self._mounts_dir or self.dir, f"work-{self._runs}")
                 os.mkdir(self._work, 0o700)
             self._work_used = True
             full = self._helper_argv(tier, cmd, view_cwd, status, keep, watch)
@@ -780,6 +829,8 @@ class StagedView:
             rmtree(self._layer_dir)  # tmpfs, and small: at once
         if self._copy_base is not None:
             discard(self._copy_base)
+        if self._mounts_dir is not None:
+            discard(self._mounts_dir)
         discard(self.dir, self.trash_dir)
 
     def __enter__(self) -> StagedView:
@@ -790,6 +841,49 @@ class StagedView:
 
 
 _pid_ns_cache: bool | None = None
+_confinement: str | None = None
+
+
+def copy_confinement() -> str:
+    """How the copy tier keeps a command out of the real repository here: ``ns`` (a private
+    mount namespace where it is read-only: root, or a user namespace), ``landlock``, or why
+    neither can be had. Tried once per process."""
+    global _confinement
+    if _confinement is None:
+        _confinement = _probe_confinement()
+    return _confinement
+
+
+def _probe_confinement() -> str:
+    unshare = _which("unshare")
+    refusal = _userns_refusal() if os.geteuid() != 0 else None
+    if unshare is not None and _which("mount") is not None and refusal is None:
+        head = [unshare] + (["--user", "--map-root-user"] if os.geteuid() != 0 else [])
+        try:
+            if subprocess.run([*head, "--mount", "--propagation", "private", "--", "/bin/true"],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S,
+                              check=False).returncode == 0:
+                return "ns"
+        except (OSError, subprocess.SubprocessError):
+            pass
+    landlock = _probe_landlock()
+    if landlock == "landlock":
+        return landlock
+    return ("no private mount namespace (" + (refusal or "unshare --mount is refused") +
+            f") and no Landlock ({landlock})")
+
+
+def _probe_landlock() -> str:
+    """``landlock`` when the kernel has it, else why not."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    abi = libc.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1)
+    if abi >= 1:
+        return "landlock"
+    return f"Linux 5.13+ with the landlock LSM: {os.strerror(ctypes.get_errno())}"
 
 
 def _pid_ns_ok() -> bool:

@@ -39,8 +39,16 @@ NS_REAP_S_MAX = 10.0
 # upper root at mount time, and without volatile the upper file system is synced when the
 # namespace dies; either makes a run wait behind unrelated writeback on that disk (over 100 ms
 # measured). Nothing needs the upper dir to survive a crash, and no file handle is exported.
+# $9: an fstab (/proc/self/fd/N, a memfd of the caller) of more mounts, made by one mount(8)
+# (each exec of mount costs a millisecond or more): /proc/sys read-only for a root command
+# (root owns its files: a command without capabilities could still set kernel.core_pattern, a
+# program the kernel runs as root outside the view); not for a sandboxed run, whose bwrap
+# mounts a /proc of its own, which the kernel refuses while a mount covers part of ours (and
+# which makes /proc/sys read-only itself). Mounter ``overlay-fstab``: the overlay is
+# the fstab's first line, with uuid=off,volatile; if mount -a fails, the helper says @compat
+# and the caller runs it again the long way (mounter ``overlay``, an older kernel).
 HELPER = r"""
-root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 keep=${10}
+root=$1 layer=$2 upper=$3 work=$4 cwd=$5 status=$6 mounter=$7 opts=$8 fstab=$9 keep=${10}
 watch=${11}
 shift 11
 sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -55,6 +63,8 @@ fi
 exec 5<"$root" 6<"$layer" 7<"$upper" 8<"$work"
 lower=/proc/self/fd/6:/proc/self/fd/5
 case $mounter in
+overlay-fstab)
+    PATH="$sys_path:$PATH" mount -c -a -T "$fstab" 2>&3 || { echo @compat >&3; exit 125; } ;;
 overlay)
     o="lowerdir=$lower,upperdir=/proc/self/fd/7,workdir=/proc/self/fd/8$opts"
     PATH="$sys_path:$PATH" mount -t overlay agent-2pc-view -o "$o,uuid=off,volatile" "$root" \
@@ -69,6 +79,9 @@ fuse-overlayfs)
         2>&3 || fail "fuse-overlayfs was refused" ;;
 *) fail "unknown mounter $mounter" ;;
 esac
+if [ -n "$fstab" ] && [ "$mounter" != overlay-fstab ]; then
+    PATH="$sys_path:$PATH" mount -c -a -T "$fstab" 2>&3 || fail "cannot make /proc/sys read-only"
+fi
 exec 5<&- 6<&- 7<&- 8<&-
 cd "$cwd" 2>&3 || fail "cannot enter $cwd in the view"
 echo @ok >&3
@@ -83,17 +96,41 @@ exit $rc
 # must not reach the tree, nor .agent-tx/, by the repo's absolute path), then the supervisor
 # runs. The status file is opened first (on fd 3; it lives in .agent-tx/) and the supervisor
 # opens it again through /proc/self/fd/3, which leads to the writable mount beneath.
+# $3: an fstab (/proc/self/fd/N) with that bind (and /proc/sys read-only for root), made by one
+# mount(8).
 COPY_HELPER = r"""
-root=$1 status=$2
-shift 2
+root=$1 status=$2 fstab=$3
+shift 3
 sys_path=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 exec 3>>"$status"
-PATH="$sys_path:$PATH" mount -c --bind -o ro "$root" "$root" 2>&3 || {
+PATH="$sys_path:$PATH" mount -c -a -T "$fstab" 2>&3 || {
     echo "@fail cannot make the repository read-only in the view's mount namespace" >&3
     exit 125
 }
 exec "$@"
 """
+
+
+def fstab_line(source: str, target: str, fstype: str, options: str) -> str:
+    """One line of an fstab(5), its fields escaped as libmount reads them back."""
+    def field(value: str) -> str:
+        return "".join(f"\\{ord(c):03o}" if c in " \t\n\\#" else c for c in value)
+
+    return f"{field(source)} {field(target)} {fstype} {field(options)} 0 0\n"
+
+
+PROC_SYS_READ_ONLY = fstab_line("/proc/sys", "/proc/sys", "none", "bind,ro")
+
+# What a command run as root in a view keeps of its capabilities (the bounding set; the rest
+# is dropped): the common set of container runtimes (Docker's default, without MKNOD), enough
+# to own, chmod and chown files, change uid, bind low ports, send signals. Not SYS_ADMIN
+# (mount, umount, remount, setns, pivot_root: undoing the view), DAC_READ_SEARCH
+# (open_by_handle_at: opening real files past the view), SYS_PTRACE, MKNOD (devices),
+# SYS_MODULE, SYS_RAWIO, SYS_BOOT, BPF, PERFMON, NET_ADMIN, SYS_RESOURCE, ... Numbers from
+# linux/capability.h (the copy tier's supervisor drops by number).
+ROOT_CAPS = {"chown": 0, "dac_override": 1, "fowner": 3, "fsetid": 4, "kill": 5, "setgid": 6,
+             "setuid": 7, "setpcap": 8, "net_bind_service": 10, "net_raw": 13,
+             "sys_chroot": 18, "audit_write": 29, "setfcap": 31}
 
 
 def ns_of_children(pid: int) -> tuple[int, int] | None:

@@ -18,6 +18,8 @@ Options: ``keep-status``: the command gets the status file on fd 3 (the governor
 sandbox's wrappers report on it and close it before the command proper starts).
 ``watch=FD``: FD reads from a pipe whose other end only the caller holds; end-of-file there
 means the caller is gone (however it went), and everything is killed as on SIGTERM.
+``caps=N,N,...``: the capabilities (by number) the command keeps; every other one is dropped
+from the bounding set before it starts (root's commands: nothing may undo the view).
 ``landlock=ROOT`` (and ``allow=DIR``, repeatable in one option as ``allow=A:B``): where no
 mount namespace can be had, keep the command out of the real repository ROOT with Landlock
 (``landlock``): every write right is handled, and granted beneath every entry of ROOT's
@@ -165,6 +167,26 @@ def landlock_confine(libc: ctypes.CDLL, root: str, allow: list[str]) -> str | No
     return None
 
 
+PR_CAPBSET_DROP = 24
+CAP_LAST_CAP_FILE = "/proc/sys/kernel/cap_last_cap"
+
+
+def drop_caps(libc: ctypes.CDLL, keep: set[int]) -> str | None:
+    """Drop every capability but ``keep`` from the bounding set (what a program we start can
+    ever have); None when done, else why not."""
+    try:
+        with open(CAP_LAST_CAP_FILE) as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 63
+    for cap in range(last + 1):
+        if cap not in keep and libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            err = ctypes.get_errno()
+            if err != 22:  # EINVAL: a number this kernel does not know
+                return f"prctl(PR_CAPBSET_DROP, {cap}): {os.strerror(err)}"
+    return None
+
+
 def _closed(fd: int) -> bool:
     """Has the other end of the pipe ``fd`` been closed (end-of-file)?"""
     try:
@@ -200,6 +222,11 @@ def main(argv: list[str]) -> int:
                                                         .split(":") if a])
         if why is not None:
             note(f"@fail the command cannot be kept out of the repository: {why}")
+            return 125
+    if "caps" in opts:
+        why = drop_caps(libc, {int(n) for n in opts["caps"].split(",") if n})
+        if why is not None:
+            note(f"@fail {why}")
             return 125
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         note(f"@fail prctl(PR_SET_CHILD_SUBREAPER): {os.strerror(ctypes.get_errno())}")

@@ -37,8 +37,11 @@ from ._owner import owner_tag
 from ._procs import (
     COPY_HELPER,
     HELPER,
+    PROC_SYS_READ_ONLY,
+    ROOT_CAPS,
     children_of,
     exit_code,
+    fstab_line,
     ns_of_children,
     reap_namespace,
 )
@@ -450,6 +453,7 @@ class StagedView:
                 raise UsageError(f"the log {log} would be a file in the repo; put it below "
                                  f"{DIRNAME}/ or outside the repo")
         self._running = True
+        compat_tried = False
         try:
             while True:
                 tier = self._candidates[0]
@@ -466,6 +470,9 @@ class StagedView:
                     res.setup_ms = setup_ms
                     res.refused = dict(self.refused)
                     return res
+                if self._failure == COMPAT and tier in _COMPAT_MOUNT and not compat_tried:
+                    compat_tried = True  # the same tier again, mounted the long way
+                    continue
                 self.refused[tier] = self._failure
                 if self.forced or self._ran or len(self._candidates) == 1:
                     raise IsolationUnavailable(
@@ -476,13 +483,16 @@ class StagedView:
             self._running = False
 
     def _copy_argv(self, cmd: list[str], status: str, timeout_s: float | None,
-                   interactive: bool, keep: bool, watch: int, copy_ns: bool) -> list[str]:
+                   interactive: bool, keep: bool, watch: int, copy_ns: bool,
+                   fds: list[int], proc_ro: bool = True) -> list[str]:
         """The copy tier's supervisor (_reaper.py) for ``cmd``, kept out of the real
         repository: in a mount namespace where it is read-only (COPY_HELPER), else by
         Landlock (the supervisor restricts itself); IsolationUnavailable when neither can
         be had."""
         how = copy_confinement()
         opts = [*(["keep-status"] if keep else []), f"watch={watch}"]
+        if os.geteuid() == 0:  # the supervisor drops them from the bounding set itself
+            opts.append("caps=" + ",".join(str(n) for n in ROOT_CAPS.values()))
         if how == "landlock":
             assert self._copy_base is not None
             opts += [f"landlock={self.root}", f"allow={self._copy_base}"]
@@ -509,11 +519,15 @@ class StagedView:
         head += ["--mount", "--propagation", "private"]
         if copy_ns:
             head += ["--pid", "--fork", "--kill-child"]
+        fstab = _memfd(fstab_line(self.root, self.root, "none", "bind,ro")
+                       + (PROC_SYS_READ_ONLY if os.geteuid() == 0 and proc_ro else ""))
+        fds.append(fstab)
         return [*head, "--", "/bin/sh", "-c", COPY_HELPER, "agent-2pc-copy", self.root, status,
-                *reaper]
+                f"/proc/self/fd/{fstab}", *reaper]
 
     def _helper_argv(self, tier: str, argv: list[str], view_cwd: str, status: str,
-                     keep_status: bool = False, watch: int | None = None) -> list[str]:
+                     keep_status: bool = False, watch: int | None = None,
+                     fds: list[int] | None = None, proc_ro: bool = True) -> list[str]:
         unshare = _which("unshare")
         assert unshare is not None
         assert self._layer_dir and self._upper and self._work
@@ -526,10 +540,26 @@ class StagedView:
             cmd = [unshare, "--user", f"--map-user={os.getuid()}",
                    f"--map-group={os.getgid()}", "--", *argv]
         opts = (ROOT_OPTS if os.geteuid() == 0 else USERNS_OPTS) if tier == OVERLAY else ""
+        mounter = tier
+        lines = []
+        if tier == OVERLAY and tier not in _COMPAT_MOUNT:
+            mounter = "overlay-fstab"  # the overlay and what follows, in one mount(8)
+            lines.append(fstab_line("agent-2pc-view", self.root, "overlay",
+                                    "lowerdir=/proc/self/fd/6:/proc/self/fd/5,upperdir="
+                                    f"/proc/self/fd/7,workdir=/proc/self/fd/8{opts}"
+                                    ",uuid=off,volatile"))
+        if os.geteuid() == 0 and proc_ro:  # (the sandbox has a /proc of its own)
+            lines.append(PROC_SYS_READ_ONLY)
+        fstab = ""
+        if lines:
+            fd = _memfd("".join(lines))
+            if fds is not None:
+                fds.append(fd)
+            fstab = f"/proc/self/fd/{fd}"
         head += ["--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
                  "--mount-proc", "--", "/bin/sh", "-c", HELPER, "agent-2pc-view"]
         return head + [self.root, self._layer_dir, self._upper, self._work, view_cwd, status,
-                       tier, opts, "", "1" if keep_status else "",
+                       mounter, opts, fstab, "1" if keep_status else "",
                        "" if watch is None else str(watch)] + cmd
 
     def _run_once(self, tier: str, argv: list[str], rel: str, env: Mapping[str, str] | None,
@@ -555,6 +585,8 @@ class StagedView:
             # a terminal session: what it wrote may be salvaged if we die (recover, runs.py)
             os.close(os.open(os.path.join(self.dir, f"{SESSION_MARK}{tier}"),
                              os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        if os.geteuid() == 0 and not sandbox and tier != COPY:
+            cmd = _without_view_changing_caps(cmd, tier)  # the copy tier's supervisor does it
         box = None
         if sandbox:
             readonly = ()
@@ -623,8 +655,10 @@ class StagedView:
         watch_r, watch_w = os.pipe2(os.O_CLOEXEC)
         watch = fcntl.fcntl(watch_r, fcntl.F_DUPFD_CLOEXEC, WATCH_FD_MIN)  # clear of 3..9
         os.close(watch_r)
+        fds = [watch]  # passed on, and closed here once the helper has them
         if tier == COPY:
-            full = self._copy_argv(cmd, status, timeout_s, interactive, keep, watch, copy_ns)
+            full = self._copy_argv(cmd, status, timeout_s, interactive, keep, watch, copy_ns,
+                                   fds, box is None)
             popen_cwd: str | None = view_cwd
         else:
             # A volatile mount refuses a work dir that one used before: each run after the
@@ -634,7 +668,7 @@ class StagedView:
                 self._work = os.path.join(self._mounts_dir or self.dir, f"work-{self._runs}")
                 os.mkdir(self._work, 0o700)
             self._work_used = True
-            full = self._helper_argv(tier, cmd, view_cwd, status, keep, watch)
+            full = self._helper_argv(tier, cmd, view_cwd, status, keep, watch, fds, box is None)
             popen_cwd = "/"
         t0 = time.perf_counter()
         try:
@@ -643,12 +677,13 @@ class StagedView:
                 stdin=stdout_fd if term else None if interactive else subprocess.DEVNULL,
                 stdout=stdout_fd if interactive else log_fd,
                 stderr=stdout_fd if term else None if interactive else subprocess.STDOUT,
-                start_new_session=not interactive or term is not None, pass_fds=(watch,))
+                start_new_session=not interactive or term is not None, pass_fds=tuple(fds))
         except BaseException:
             os.close(watch_w)
             raise
         finally:
-            os.close(watch)
+            for fd in fds:
+                os.close(fd)
             if log_fd is not None:
                 os.close(log_fd)
             if term is not None and stdout_fd is not None:
@@ -670,6 +705,10 @@ class StagedView:
             gov.close()
         with open(status, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
+        if "@compat" in lines and "@ok" not in lines:  # an older kernel: the long way next
+            _COMPAT_MOUNT.add(tier)
+            self._failure = COMPAT
+            return None
         if "@ok" not in lines and not timed_out and not killed:
             self._failure = "; ".join(line.removeprefix("@fail ").strip() for line in lines
                                       if line.strip()) or f"the helper exited {proc.returncode}"
@@ -842,6 +881,37 @@ class StagedView:
 
 _pid_ns_cache: bool | None = None
 _confinement: str | None = None
+_COMPAT_MOUNT: set[str] = set()  # tiers whose mount(8) -a was refused here: the long way
+COMPAT = "@compat"
+_setpriv: str | None = None
+
+
+def _memfd(text: str) -> int:
+    """A sealed-off in-memory file holding ``text`` (an fstab for mount -a), at a descriptor
+    of 10 or above, close-on-exec here (passed on explicitly)."""
+    fd = os.memfd_create("agent-2pc-fstab", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, text.encode("utf-8", "surrogateescape"))
+        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, WATCH_FD_MIN)
+    finally:
+        os.close(fd)
+    return high
+
+
+def _without_view_changing_caps(cmd: list[str], tier: str) -> list[str]:
+    """``cmd`` run as root with a bounding set of ROOT_CAPS only (``setpriv``): without
+    CAP_SYS_ADMIN (umount, remount, setns, pivot_root), CAP_DAC_READ_SEARCH
+    (open_by_handle_at), CAP_SYS_PTRACE, CAP_MKNOD, CAP_SYS_MODULE, CAP_SYS_RAWIO, ...
+    nothing can undo or get past the view."""
+    global _setpriv
+    if _setpriv is None:
+        _setpriv = _which("setpriv") or ""
+    if not _setpriv:
+        raise IsolationUnavailable("setpriv(1) (util-linux) is not installed: a command run "
+                                   "as root would keep the capabilities that undo the view",
+                                   tier=tier)
+    keep = ",".join("+" + name for name in ROOT_CAPS)
+    return [_setpriv, "--bounding-set", f"-all,{keep}", "--inh-caps", "-all", "--", *cmd]
 
 
 def copy_confinement() -> str:

@@ -547,7 +547,7 @@ class StagedView:
             lines.append(fstab_line("agent-2pc-view", self.root, "overlay",
                                     "lowerdir=/proc/self/fd/6:/proc/self/fd/5,upperdir="
                                     f"/proc/self/fd/7,workdir=/proc/self/fd/8{opts}"
-                                    ",uuid=off,volatile"))
+                                    f"{FAST_MOUNT_OPTS}"))
         if os.geteuid() == 0 and proc_ro:  # (the sandbox has a /proc of its own)
             lines.append(PROC_SYS_READ_ONLY)
         fstab = ""
@@ -883,6 +883,9 @@ _pid_ns_cache: bool | None = None
 _confinement: str | None = None
 _COMPAT_MOUNT: set[str] = set()  # tiers whose mount(8) -a was refused here: the long way
 COMPAT = "@compat"
+# no xattr written at mount, no sync when the namespace dies (see _procs.py); a kernel that does
+# not know them makes the first run of a process take the long way (mounter "overlay")
+FAST_MOUNT_OPTS = ",uuid=off,volatile"
 _setpriv: str | None = None
 
 

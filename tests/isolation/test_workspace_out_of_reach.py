@@ -15,8 +15,9 @@ import sys
 
 import pytest
 
+from agent_2pc.errors import IsolationUnavailable
 from agent_2pc.fence import EffectRequest, Fresh, Replay, open_fence
-from agent_2pc.isolation import _view
+from agent_2pc.isolation import _confine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -96,9 +97,9 @@ def test_a_command_cannot_forge_the_log_or_erase_the_fence(staged, tier, how):
 def test_the_copy_tier_keeps_out_of_the_repository_with_landlock(staged, monkeypatch):
     # Where no mount namespace can be had (a container without CAP_SYS_ADMIN, no user
     # namespaces), the copy tier's supervisor restricts itself with Landlock.
-    if "landlock" not in _view._probe_landlock():
+    if "landlock" not in _confine._probe_landlock():
         pytest.skip("no Landlock here")
-    monkeypatch.setattr(_view, "_confinement", "landlock")
+    monkeypatch.setattr(_confine, "_confinement", "landlock")
     _done_effect(staged.root)
     before = _wal(staged.root)
     with staged.view("copy") as view:
@@ -115,9 +116,9 @@ def test_the_copy_tier_keeps_out_of_the_repository_with_landlock(staged, monkeyp
 
 def test_the_copy_tier_refuses_to_run_where_it_cannot_keep_out_of_the_repository(
         staged, monkeypatch):
-    monkeypatch.setattr(_view, "_confinement", "no private mount namespace and no Landlock")
+    monkeypatch.setattr(_confine, "_confinement", "no private mount namespace and no Landlock")
     with staged.view("copy") as view:
-        with pytest.raises(_view.IsolationUnavailable) as info:
+        with pytest.raises(IsolationUnavailable) as info:
             view.run("touch ran")
     assert "cannot keep the command out of the repository" in str(info.value)
     assert staged.tree_hash() == staged.before

@@ -10,7 +10,10 @@ With no tier asked for, the first one the host allows is used: a tier whose moun
 recorded in ``refused`` and the next one is tried — the command had not started. A tier that
 was asked for and cannot be had raises IsolationUnavailable. No tier ever runs a command
 against the real tree: in the overlay tiers the command starts only after the helper reported
-the mount made (``@ok``), in the copy tier its working directory is in the copy.
+the mount made (``@ok``), in the copy tier its working directory is in the copy and the real
+repository is read-only to it. In every tier the view has no .agent-tx/, a root command has no
+capability that undoes the view (``_without_view_changing_caps``), and the run dies with its
+caller (a pipe only the caller holds). docs/staged-view.md says why and how.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 import fcntl
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,6 +30,14 @@ import time
 from ..errors import IsolationUnavailable, NotFound, PathOutsideRoot, UsageError
 from ..storage.workspace import DIRNAME
 from ._capture import Capture, capture_upper
+from ._confine import (
+    WATCH_FD_MIN,
+    _userns_refusal,
+    _which,
+    copy_confinement,
+    memfd,
+    without_view_changing_caps,
+)
 from ._copy import build_copy, capture_copy, picture, wait_for_tick
 from ._fswatch import CopyWatch, UpperWatch
 from ._governor import MIB, Governor, Limits
@@ -68,37 +78,15 @@ PROBE_TIMEOUT_S = 10.0
 ARGV_ITEMS_MAX = 100_000
 SESSION_MARK = "session-"  # + the tier: a view dir in which a terminal session ran
 RELAY_POLL_S = 0.05  # without a pidfd, how often a terminal relay looks for the exit
-LANDLOCK_CREATE_RULESET = 444  # the syscall's number (asm-generic: every architecture)
-WATCH_FD_MIN = 10  # the caller's liveness pipe, in the helper: above the helper's own 3..9
 # redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
 # renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
 # index=off: no hard-link index in the work dir. In a user namespace the kernel wants
 # redirect_dir=nofollow with userxattr (same effect for us: no redirect is ever created).
 ROOT_OPTS = ",redirect_dir=off,metacopy=off,index=off"
 USERNS_OPTS = ",redirect_dir=nofollow,metacopy=off,index=off,userxattr"
-SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 
 _probe_cache: dict[str, str | None] | None = None
-
-
-def _which(name: str) -> str | None:
-    return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + SYS_PATH)
-
-
-def _userns_refusal() -> str | None:
-    """Why an unprivileged user namespace cannot be had here (None: it can, as far as the
-    host's settings tell)."""
-    for path, bad in (("/proc/sys/user/max_user_namespaces", "0"),
-                      ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
-                      ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1")):
-        try:
-            with open(path) as f:
-                if f.read().strip() == bad:
-                    return f"{path} is {bad}: no user namespaces for users other than root"
-        except OSError:
-            pass
-    return None
 
 
 def probe_tiers(refresh: bool = False) -> dict[str, str | None]:
@@ -229,7 +217,7 @@ class StagedView:
     ignore        globs never captured nor copied (_ignore.py); .git and .agent-tx always.
     scratch_dir   where the view's own directory goes (upper and work dirs, logs, status):
                   default ``<root>/.agent-tx/tx`` in a workspace, else the temp dir. Inside
-                  the repo only below .agent-tx/ (the view hides it behind the real one).
+                  the repo only below .agent-tx/ (which the view hides).
     trash_dir     where large scratch goes to be deleted in the background (same file system
                   as scratch_dir); default ``<root>/.agent-tx/trash`` in a workspace.
     layer_parent  where the staged layer is built (outside the repo): default /dev/shm.
@@ -403,7 +391,7 @@ class StagedView:
         cwd          a directory of the view: relative to the repo root, or an absolute path
                      inside the repo (default: the root); mapped into the view.
         env          the command's environment (default: ours); PWD and AGENT2PC_VIEW (the
-                     tier) are set, and AGENT2PC_ROOT in the copy tier.
+                     tier) are set.
         timeout_s    wall time; when it runs out every process of the command is killed
                      (SIGKILL) and the result says ``timed_out``.
         interactive  stdin/stdout/stderr are the caller's own (a terminal stays one); no log.
@@ -519,7 +507,7 @@ class StagedView:
         head += ["--mount", "--propagation", "private"]
         if copy_ns:
             head += ["--pid", "--fork", "--kill-child"]
-        fstab = _memfd(fstab_line(self.root, self.root, "none", "bind,ro")
+        fstab = memfd(fstab_line(self.root, self.root, "none", "bind,ro")
                        + (PROC_SYS_READ_ONLY if os.geteuid() == 0 and proc_ro else ""))
         fds.append(fstab)
         return [*head, "--", "/bin/sh", "-c", COPY_HELPER, "agent-2pc-copy", self.root, status,
@@ -552,7 +540,7 @@ class StagedView:
             lines.append(PROC_SYS_READ_ONLY)
         fstab = ""
         if lines:
-            fd = _memfd("".join(lines))
+            fd = memfd("".join(lines))
             if fds is not None:
                 fds.append(fd)
             fstab = f"/proc/self/fd/{fd}"
@@ -586,7 +574,7 @@ class StagedView:
             os.close(os.open(os.path.join(self.dir, f"{SESSION_MARK}{tier}"),
                              os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
         if os.geteuid() == 0 and not sandbox and tier != COPY:
-            cmd = _without_view_changing_caps(cmd, tier)  # the copy tier's supervisor does it
+            cmd = without_view_changing_caps(cmd, tier)  # the copy tier's supervisor does it
         box = None
         if sandbox:
             readonly = ()
@@ -880,85 +868,11 @@ class StagedView:
 
 
 _pid_ns_cache: bool | None = None
-_confinement: str | None = None
 _COMPAT_MOUNT: set[str] = set()  # tiers whose mount(8) -a was refused here: the long way
 COMPAT = "@compat"
 # no xattr written at mount, no sync when the namespace dies (see _procs.py); a kernel that does
 # not know them makes the first run of a process take the long way (mounter "overlay")
 FAST_MOUNT_OPTS = ",uuid=off,volatile"
-_setpriv: str | None = None
-
-
-def _memfd(text: str) -> int:
-    """A sealed-off in-memory file holding ``text`` (an fstab for mount -a), at a descriptor
-    of 10 or above, close-on-exec here (passed on explicitly)."""
-    fd = os.memfd_create("agent-2pc-fstab", os.MFD_CLOEXEC)
-    try:
-        os.write(fd, text.encode("utf-8", "surrogateescape"))
-        high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, WATCH_FD_MIN)
-    finally:
-        os.close(fd)
-    return high
-
-
-def _without_view_changing_caps(cmd: list[str], tier: str) -> list[str]:
-    """``cmd`` run as root with a bounding set of ROOT_CAPS only (``setpriv``): without
-    CAP_SYS_ADMIN (umount, remount, setns, pivot_root), CAP_DAC_READ_SEARCH
-    (open_by_handle_at), CAP_SYS_PTRACE, CAP_MKNOD, CAP_SYS_MODULE, CAP_SYS_RAWIO, ...
-    nothing can undo or get past the view."""
-    global _setpriv
-    if _setpriv is None:
-        _setpriv = _which("setpriv") or ""
-    if not _setpriv:
-        raise IsolationUnavailable("setpriv(1) (util-linux) is not installed: a command run "
-                                   "as root would keep the capabilities that undo the view",
-                                   tier=tier)
-    keep = ",".join("+" + name for name in ROOT_CAPS)
-    return [_setpriv, "--bounding-set", f"-all,{keep}", "--inh-caps", "-all", "--", *cmd]
-
-
-def copy_confinement() -> str:
-    """How the copy tier keeps a command out of the real repository here: ``ns`` (a private
-    mount namespace where it is read-only: root, or a user namespace), ``landlock``, or why
-    neither can be had. Tried once per process."""
-    global _confinement
-    if _confinement is None:
-        _confinement = _probe_confinement()
-    return _confinement
-
-
-def _probe_confinement() -> str:
-    unshare = _which("unshare")
-    refusal = _userns_refusal() if os.geteuid() != 0 else None
-    if unshare is not None and _which("mount") is not None and refusal is None:
-        head = [unshare] + (["--user", "--map-root-user"] if os.geteuid() != 0 else [])
-        try:
-            if subprocess.run([*head, "--mount", "--propagation", "private", "--", "/bin/true"],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_S,
-                              check=False).returncode == 0:
-                return "ns"
-        except (OSError, subprocess.SubprocessError):
-            pass
-    landlock = _probe_landlock()
-    if landlock == "landlock":
-        return landlock
-    return ("no private mount namespace (" + (refusal or "unshare --mount is refused") +
-            f") and no Landlock ({landlock})")
-
-
-def _probe_landlock() -> str:
-    """``landlock`` when the kernel has it, else why not."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    abi = libc.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1)
-    if abi >= 1:
-        return "landlock"
-    return f"Linux 5.13+ with the landlock LSM: {os.strerror(ctypes.get_errno())}"
-
-
 def _pid_ns_ok() -> bool:
     """Can we make a PID namespace here (``unshare --pid``)? Tried once per process: root in
     a container may lack the capability."""

@@ -148,6 +148,67 @@ def test_a_failing_exec_stages_nothing_and_keeps_the_transaction(repo):
     assert tx.status()["files"] == [] and tx.state() == "active"
 
 
+def test_keep_on_failure_stages_what_a_failing_command_changed(repo):
+    _, begun, _ = cli(repo, "begin")
+    status, out, _ = cli(repo, "exec", "--tid", begun["tid"], "--keep-on-failure", "--", "sh",
+                         "-c", "echo partial > made.txt; rm old.txt; exit 3")
+    assert status == 1 and out["error"]["code"] == "command_failed" and out["exit_code"] == 3
+    assert out["captured"] == [{"path": "old.txt", "op": "delete"},
+                               {"path": "made.txt", "op": "write", "mode": 0o644, "bytes": 8}]
+    status, shown, _ = cli(repo, "status", "--tid", begun["tid"])
+    assert {f["path"] for f in shown["transactions"][0]["files"]} == {"made.txt", "old.txt"}
+    assert (repo / "old.txt").exists() and not (repo / "made.txt").exists()
+
+
+def test_a_failing_exec_off_a_terminal_keeps_nothing_aside(repo):
+    _, begun, _ = cli(repo, "begin")
+    status, out, _ = cli(repo, "exec", "--tid", begun["tid"], "--", "sh", "-c",
+                         "echo partial > made.txt; exit 3")
+    assert status == 1 and out["captured"] == [] and "kept" not in out
+    status, out, _ = cli(repo, "stage-kept", "--tid", begun["tid"])
+    assert status == 2 and out["error"]["code"] == "not_found"
+
+
+def _on_a_terminal(argv: list[str], script: list[bytes], until: bytes) -> bytes:
+    """Run ``argv`` on a pty, typing each line of ``script`` in turn; return the transcript
+    once ``until`` shows."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(argv[0], argv)
+    transcript = b""
+    end = time.monotonic() + 60
+    for line in script:
+        os.write(fd, line)
+        time.sleep(0.3)
+    while until not in transcript and time.monotonic() < end:
+        if select.select([fd], [], [], 0.2)[0]:
+            try:
+                transcript += os.read(fd, 4096)
+            except OSError:
+                break
+    os.waitpid(pid, 0)
+    os.close(fd)
+    assert until in transcript, transcript
+    return transcript
+
+
+def test_stage_kept_refuses_a_path_staged_again_since_the_session(repo):
+    tx = Agent2PC(repo).begin()
+    _on_a_terminal([sys.executable, "-m", "agent_2pc", "--root", str(repo), "exec", "--tid",
+                    tx.tid, "--", "sh", "-i"],
+                   [b"echo session > kept.txt; echo other > other.txt; exit 3\n"],
+                   b"[command_failed]")
+    assert tx.status()["files"] == []
+    tx.stage_write("kept.txt", "staged since\n")
+    status, out, _ = cli(repo, "stage-kept", "--tid", tx.tid)
+    assert status == 2 and out["error"]["code"] == "bad_state" and "kept.txt" in \
+        out["error"]["message"]
+    assert [f["path"] for f in tx.status()["files"]] == ["kept.txt"]
+    assert tx.read("kept.txt") == b"staged since\n"
+    kept = repo / ".agent-tx" / "tx" / tx.tid / "kept" / "files"  # still there, by hand
+    assert sorted(p.read_bytes() for p in kept.iterdir()) == [b"other\n", b"session\n"]
+
+
 def test_exec_json_keeps_stdout_for_the_json_alone(repo):
     _, begun, _ = cli(repo, "begin")
     status, out, err = cli(repo, "exec", "--tid", begun["tid"], "--", "sh", "-c",
@@ -161,8 +222,7 @@ def test_a_long_running_shell_session_is_captured_through_a_pty(repo):
     tid = Agent2PC(repo).begin().tid
     pid, fd = pty.fork()
     if pid == 0:  # the child: agent-2pc exec -- sh, on a terminal
-        # bash: a shell in the view's private pid namespace has no job control (dash refuses
-        # to start without it unless given +m; bash carries on).
+        # bash here; tests/isolation/test_terminal_sessions.py drives dash, zsh and others.
         os.execv(sys.executable, [sys.executable, "-m", "agent_2pc", "--root", str(repo),
                                   "exec", "--tid", tid, "--", "bash", "--norc", "-i"])
     transcript = b""
@@ -289,6 +349,33 @@ def test_a_sandboxed_check_has_no_network_unless_asked(repo):
         assert status == 0 and out["passed"]
     finally:
         listener.close()
+
+
+def test_exec_takes_the_sandbox_of_stage_cmd(repo):
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    probe = (f"echo made > made.txt; touch /etc/agent2pc-probe 2>/dev/null && echo HOST-W; "
+             f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), "
+             "timeout=2)\" 2>/dev/null && echo NET-$((1+1)); true")
+    try:
+        _, begun, _ = cli(repo, "begin")
+        status, out, err = cli(repo, "exec", "--tid", begun["tid"], "--sandbox", "--", "sh",
+                               "-c", probe)
+        assert status == 0 and [c["path"] for c in out["captured"]] == ["made.txt"]
+        assert out["sandbox"]["network"] is False and out["sandbox"]["readonly_host"] is True
+        assert "HOST-W" not in err and "NET-2" not in err
+        status, out, err = cli(repo, "exec", "--tid", begun["tid"], "--sandbox", "--network",
+                               "--", "sh", "-c", probe)
+        assert status == 0 and out["sandbox"]["network"] is True and "NET-2" in err
+        status, out, _ = cli(repo, "exec", "--tid", begun["tid"], "--network", "--", "true")
+        assert status == 2 and out["error"]["code"] == "usage"
+    finally:
+        listener.close()
+    assert not os.path.exists("/etc/agent2pc-probe")
 
 
 def test_a_fork_bomb_trips_max_procs_and_the_tree_is_untouched(repo):

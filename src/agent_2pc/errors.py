@@ -24,7 +24,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- ApplyIncomplete               apply_incomplete (decided commit; recover finishes it)
     |   |-- IoFailed                      io_error         (the disk refused a write, an fsync...)
     |   |-- UntrustedWorkspace            untrusted_workspace (not made here: `agent-2pc trust`)
-    |   `-- IsolationUnavailable          isolation_unavailable
+    |   |-- IsolationUnavailable          isolation_unavailable
+    |   `-- WorkspaceReadOnly             workspace_read_only (e.g. inside a staged view)
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
     |   |-- CheckFailed                   verification_failed | command_failed | timeout |
@@ -171,6 +172,10 @@ class UntrustedWorkspace(WorkspaceError):
 
 class IsolationUnavailable(WorkspaceError):
     code = "isolation_unavailable"
+
+
+class WorkspaceReadOnly(WorkspaceError):
+    code = "workspace_read_only"
 
 
 # -- a definite no: exit 1 ---------------------------------------------------------------------

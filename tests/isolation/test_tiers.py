@@ -142,3 +142,26 @@ def test_overlay_in_a_user_namespace_when_not_root(staged, shared_tmp):
     ]
     assert staged.tree_hash() == before
     assert os.listdir(scratch) == []
+
+
+def test_a_kernel_that_refuses_the_fast_mount_gets_the_long_way(staged, monkeypatch):
+    # The overlay and /proc/sys are mounted by one mount -a with uuid=off,volatile; a kernel
+    # that refuses an option makes the helper say @compat, and the run is made again the old
+    # way (options tried one by one), before the command ever started.
+    if probe_tiers()["overlay"] is not None:
+        pytest.skip("no kernel overlay here")
+    from agent_2pc.isolation import _view
+
+    monkeypatch.setattr(_view, "FAST_MOUNT_OPTS", ",uuid=off,volatile,no_such_option")
+    monkeypatch.setattr(_view, "_COMPAT_MOUNT", set())
+    with staged.view("overlay") as view:
+        res = view.run("echo ran >> runs.txt; cat src/app.py; v=$(cat "
+                       "/proc/sys/kernel/core_pattern); { echo \"$v\" > "
+                       "/proc/sys/kernel/core_pattern; } 2>/dev/null && echo SYSCTL-WRITABLE; "
+                       "true", timeout_s=60)
+        assert res.exit_code == 0 and "return 42" in res.tail
+        assert "SYSCTL-WRITABLE" not in res.tail  # /proc/sys read-only the long way too
+        assert [c.path for c in view.capture().changes] == ["runs.txt"]
+        assert view.capture().changes[0].size == 4  # the command ran once
+    assert _view._COMPAT_MOUNT == {"overlay"}
+    assert staged.tree_hash() == staged.before

@@ -90,9 +90,9 @@ def test_absolute_paths_of_the_repo_reach_the_view(staged, overlay_tier):
 
 def test_the_copy_tier_runs_elsewhere_and_says_where(staged):
     with staged.view("copy") as view:
-        res = run_ok(view, "pwd; echo $AGENT2PC_VIEW $AGENT2PC_ROOT")
+        res = run_ok(view, "pwd; echo $AGENT2PC_VIEW ${AGENT2PC_ROOT-unset}")
         assert view.view_root != staged.root
-        assert res.tail.split() == [view.view_root, "copy", staged.root]
+        assert res.tail.split() == [view.view_root, "copy", "unset"]
         assert os.path.basename(view.view_root) == os.path.basename(staged.root)
 
 
@@ -157,19 +157,27 @@ def test_what_one_run_writes_the_next_run_sees(staged, tier):
         assert [c.path for c in view.capture().changes] == ["step.txt"]
 
 
-def test_nested_agent_2pc_calls_reach_the_real_workspace_and_are_not_captured(staged,
-                                                                              overlay_tier):
+def test_nested_agent_2pc_calls_are_refused_and_say_why(staged, tier):
+    # Inside a view the workspace is out of reach (hidden; read-only at the repo's own path in
+    # the copy tier): a nested call changes nothing and says why, with one JSON object.
     env = dict(os.environ, PYTHONPATH=SRC)
     env.pop("AGENT2PC_ROOT", None)
-    with staged.view(overlay_tier) as view:
-        res = run_ok(view, [sys.executable, "-m", "agent_2pc", "stage-write", "--tid",
-                            staged.tx.tid, "--path", "nested.txt", "--content", "from inside",
-                            "--json"], env=env)
-        assert json.loads(res.tail.strip().splitlines()[-1])["ok"] is True
-        assert view.capture().changes == []  # the log and blob went to the real .agent-tx/
-    staged.client.engine._refresh()
-    assert "nested.txt" in [op.path for op in staged.changes]
-    assert not os.path.exists(os.path.join(staged.root, "nested.txt"))
+    wal = os.path.join(staged.root, ".agent-tx", "wal.bin")
+    with open(wal, "rb") as f:
+        before = f.read()
+    stage = ["stage-write", "--tid", staged.tx.tid, "--path", "nested.txt", "--content", "x"]
+    with staged.view(tier) as view:
+        for args in (["--json", *stage], ["--json", "--root", staged.root, *stage],
+                     ["--json", "status"]):
+            res = view.run([sys.executable, "-m", "agent_2pc", *args], env=env, timeout_s=60)
+            out = json.loads(res.tail.strip().splitlines()[-1])
+            assert res.exit_code == 2 and out["ok"] is False, res.tail
+            assert out["error"]["code"] in ("not_initialized", "workspace_read_only")
+            assert "inside a staged view" in out["error"]["message"]
+        assert view.capture().changes == []
+    with open(wal, "rb") as f:
+        assert f.read() == before
+    assert "nested.txt" not in [op.path for op in staged.changes]
 
 
 def test_the_mount_lives_only_in_the_commands_namespace(staged, overlay_tier):
@@ -177,7 +185,7 @@ def test_the_mount_lives_only_in_the_commands_namespace(staged, overlay_tier):
         res = run_ok(view, "cat /proc/self/mountinfo; echo PID=$$")
         mine = [line for line in res.tail.splitlines() if f" {staged.root} " in line]
         assert mine, res.tail  # the view is mounted over the repo's own path...
-        assert any(f" {staged.root}/.agent-tx " in line for line in res.tail.splitlines())
+        assert not any(".agent-tx" in line for line in res.tail.splitlines())
         assert "PID=" in res.tail
     with open("/proc/self/mountinfo") as f:
         assert f" {staged.root} " not in f.read()  # ...but not for anyone else

@@ -155,13 +155,19 @@ def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
     if not args["argv"]:
         raise UsageError("exec needs a command after '--': agent-2pc exec --tid T -- CMD ARGS")
     out = ctx.client().engine.exec_cmd(args["tid"], args["argv"], timeout_ms=args["timeout_ms"],
-                                       interactive=True, stdout_fd=2 if ctx.json else None)
+                                       interactive=True, stdout_fd=2 if ctx.json else None,
+                                       keep_on_failure=args["keep_on_failure"],
+                                       sandbox=args["sandbox"], network=args["network"])
     if ctx.json:
         return out
     import sys
 
     sys.stderr.write(text_exec(out) + "\n")  # stdout belonged to the command
     return None
+
+
+def run_stage_kept(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().engine.stage_kept(args["tid"])
 
 
 def run_stage_wasm(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -270,7 +276,9 @@ def text_check(r: dict[str, Any]) -> str:
 def text_exec(r: dict[str, Any]) -> str:
     staged = r.get("captured") or []
     head = (f"agent-2pc: exit {r['exit_code']} in {r['duration_ms']:.0f} ms ({r['isolation']}); "
-            f"staged {len(staged)} change{'s' if len(staged) != 1 else ''}")
+            f"staged {len(staged)} change{'s' if len(staged) != 1 else ''}"
+            if "isolation" in r else
+            f"staged {len(staged)} kept change{'s' if len(staged) != 1 else ''}")
     lines = [head] + [f"  {c['op']:<7} {c['path']}" + (
         f" -> {c['target']}" if c.get("target") is not None else
         "/" if c["op"] == "mkdir" else "") for c in staged]
@@ -393,7 +401,15 @@ COMMANDS: tuple[Command, ...] = (
     Command("exec", "run a command (a shell, an agent) in the staged view and stage what it "
             "changes", run_exec, (
                 TID, Opt("--timeout-ms", type=int_arg, metavar="N",
-                         help="kill it after N ms (default: none)")), takes_rest=True),
+                         help="kill it after N ms (default: none)"),
+                Opt("--keep-on-failure", FLAG, help="stage what it changed even when it "
+                    "fails (still exit 1)"),
+                Opt("--sandbox", FLAG, help="confine it: host read-only, private /tmp, no "
+                    "network"),
+                Opt("--network", FLAG, help="with --sandbox: allow the network")),
+            takes_rest=True),
+    Command("stage-kept", "stage what a failed terminal session of exec kept aside",
+            run_stage_kept, (TID,), extra={"text": text_exec}),
     Command("stage-wasm", "run a WASI module in the staged view and stage what it writes",
             run_stage_wasm, (
                 TID, Opt("--module", required=True, metavar="M.wasm",

@@ -27,9 +27,9 @@ class Context:
 
     def root(self) -> str:
         """The workspace root (raises NotInitialized when there is none)."""
-        from ..storage.workspace import find_root
+        from ..coordinator._locate import locate_root
 
-        return find_root(self.root_arg or os.environ.get("AGENT2PC_ROOT"))
+        return locate_root(self.root_arg or os.environ.get("AGENT2PC_ROOT"))
 
     def client(self) -> Any:
         if self._client is None:

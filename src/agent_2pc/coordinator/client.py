@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
-from ..storage.workspace import find_root
 from ..storage.workspace import init as init_workspace
+from ._locate import check_writable, locate_root
 from .engine import Engine
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -29,9 +29,10 @@ class Agent2PC:
     def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
         env = os.environ.get("AGENT2PC_ROOT")
         if root is None and env:
-            self.root = find_root(env)
+            self.root = locate_root(env)
         else:
-            self.root = find_root(cwd=os.fspath(root) if root is not None else None)
+            self.root = locate_root(cwd=os.fspath(root) if root is not None else None)
+        check_writable(self.root)
         self.engine = Engine(self.root)
 
     @classmethod
@@ -46,7 +47,7 @@ class Agent2PC:
         moved across file systems or restored; never one that came with a repository), and
         list its live transactions, which the next command will finish, without touching
         them. ``agent-2pc trust``."""
-        from ..storage.workspace import trust
+        from ..storage.workspace import find_root, trust
 
         found = find_root(os.fspath(root) if root is not None else os.environ.get(
             "AGENT2PC_ROOT"), trusted=False)
@@ -178,10 +179,20 @@ class Transaction:
                                       limits, working_dir=working_dir, env=env)
 
     def exec(self, argv: list[str], timeout_ms: int | None = None,
-             interactive: bool = False) -> dict[str, Any]:
+             interactive: bool = False, keep_on_failure: bool = False,
+             sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run a command in the staged view and stage what it created, changed and deleted.
-        A failing command stages nothing and raises CheckFailed (``command_failed``)."""
-        return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive)
+        A failing command stages nothing and raises CheckFailed (``command_failed``), unless
+        ``keep_on_failure``: then what it changed is staged all the same (and it still
+        raises). A failed session on a terminal keeps its changes aside for ``stage_kept``.
+        ``sandbox`` (and ``network``): confined as ``stage_cmd(sandbox=True)``."""
+        return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive,
+                                     keep_on_failure=keep_on_failure, sandbox=sandbox,
+                                     network=network)
+
+    def stage_kept(self) -> dict[str, Any]:
+        """Stage what the last failed terminal session of exec kept aside."""
+        return self._engine.stage_kept(self.tid)
 
     def stage_wasm(self, module: str, args: list[str] | None = None, fuel: int | None = None,
                    max_memory_mb: int | None = None, timeout_ms: int | None = None
@@ -189,10 +200,11 @@ class Transaction:
         """Run a WASI module (wasmtime) in the staged view and stage what it wrote."""
         return self._engine.stage_wasm(self.tid, module, args, fuel, max_memory_mb, timeout_ms)
 
-    def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None
-                     ) -> dict[str, Any]:
+    def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None,
+                     sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run a command in the staged view just to look: its output, nothing captured."""
-        return self._engine.view_run(self.tid, command, timeout_ms)
+        return self._engine.view_run(self.tid, command, timeout_ms, sandbox=sandbox,
+                                     network=network)
 
     def savepoint(self, name: str) -> dict[str, Any]:
         return self._engine.savepoint(self.tid, name)

@@ -479,6 +479,7 @@ class Engine(Staging, Runs):
                 self.log.lock.release()
             self._finish_dead_locked(include_active=True)
             self._sweep_scratch()
+        leftovers = self.sweep_views()  # staged views of dead callers (runs.py)
         self._maybe_compact()
         done, self._recovered = self._recovered, {"rolled_forward": [], "rolled_back": [],
                                                   "diverged": []}
@@ -488,6 +489,8 @@ class Engine(Staging, Runs):
         self._truncation_reported = self.log.truncated_bytes
         if done["diverged"]:
             out["diverged"] = done["diverged"]
+        if any(leftovers.values()):
+            out["views_removed"] = leftovers
         stuck = [info for tid, info in self._stuck.items() if self._live(tid)]
         if stuck:
             names = ", ".join(info["tid"] for info in stuck)

@@ -8,7 +8,10 @@ counts. What a check writes is thrown away, except paths matching ``--promote`` 
 become staged writes.
 
 ``exec`` runs a command (an agent, a shell, a build) in the staged view and stages what it
-created, modified and deleted; a command that fails stages nothing.
+created, modified and deleted; a command that fails stages nothing (unless asked to keep what
+it changed: ``keep_on_failure``). A session on a terminal that fails after changing files has
+its capture *kept* aside (kept.py) for ``stage-kept``: an interactive session never loses its
+work silently.
 
 No transaction lock is held while a command runs: commands may call agent-2pc themselves (a
 nested ``stage-write --tid T`` from inside the view lands in the real workspace). The staged
@@ -38,7 +41,7 @@ TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are la
 if TYPE_CHECKING:
     from typing import Any, Callable, ContextManager
 
-    from ..isolation import RunResult, StagedView
+    from ..isolation import Change, RunResult, StagedView
     from ..storage.workspace import Layout
 
 TIMEOUT_MS_DEFAULT = 10 * 60 * 1000
@@ -47,6 +50,7 @@ PROMOTE_GLOBS_MAX = 64
 COMMAND_CHARS_MAX = 64 * 1024
 ENV_VARS_MAX = 256
 ENV_VALUE_CHARS_MAX = 32 * 1024
+SESSION_FILE = "session.json"  # in a view's dir: what recover needs to salvage a session
 
 
 def fingerprint(tx: Tx) -> str:
@@ -282,29 +286,121 @@ class Runs:
 
     def exec_cmd(self, tid: str, argv: list[str], timeout_ms: int | None = None,
                  interactive: bool = True, stdout_fd: int | None = None,
-                 tier: str | None = None) -> dict[str, Any]:
+                 tier: str | None = None, keep_on_failure: bool = False,
+                 sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run ``argv`` in the staged view and stage everything it changed. A command that
-        fails (or times out) stages nothing and raises TransactionAborted with code
-        ``command_failed`` (``timeout``); the transaction stays active."""
+        fails (or times out) stages nothing and raises CheckFailed with code
+        ``command_failed`` (``timeout``); the transaction stays active. With
+        ``keep_on_failure`` it stages what the command changed all the same (and still raises,
+        with ``captured``). A session on a terminal of its own (``tty`` in the result) that
+        fails after changing files keeps its capture aside (``kept`` in the error's result):
+        ``stage_kept`` stages it. ``sandbox`` (and ``network``): confined as ``stage_cmd``'s."""
         command = _command(argv)
         timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
+        _check_network(sandbox, network)
         tx = self._snapshot(tid)
         view = self._view(tx, tier)
         try:
+            if interactive:  # for recover, should we die during a terminal session
+                with open(os.path.join(view.dir, SESSION_FILE), "w", encoding="utf-8") as f:
+                    json.dump({"fingerprint": fingerprint(tx), "command": command}, f)
             log = None if interactive else self._log_path(tid, "exec")
             res = view.run(command, timeout_s=timeout_s, interactive=interactive,
-                           stdout_fd=stdout_fd if interactive else None, log_path=log)
+                           stdout_fd=stdout_fd if interactive else None, log_path=log,
+                           sandbox=sandbox, network=network)
             result = _result_json(res)
             if not res.passed:
-                code = _failure_code(result, "command_failed")
-                raise CheckFailed(
-                    f"{command!r} {'timed out' if res.timed_out else 'failed'} "
-                    f"(exit {res.exit_code}); nothing was staged and the transaction stays "
-                    "active", code=code, tid=tid, result={"tid": tid, **result, "captured": []})
+                raise self._exec_failed(tx, command, res, result, view, keep_on_failure)
             captured, skipped = self._stage_changes(tid, view, None, "exec")
         finally:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
+
+    def _exec_failed(self, tx: Tx, command: str | list[str], res: RunResult,
+                     result: dict[str, Any], view: StagedView, keep: bool) -> CheckFailed:
+        """The answer to an exec whose command did not pass: stage its changes (``keep``),
+        keep them aside (a terminal session), or drop them."""
+        tid = tx.tid
+        code = _failure_code(result, "command_failed")
+        what = "timed out" if res.timed_out else f"failed (exit {res.exit_code})"
+        out: dict[str, Any] = {"tid": tid, **result, "captured": []}
+        if keep:
+            out["captured"], out["skipped"] = self._stage_changes(tid, view, None, "exec")
+            n = len(out["captured"])
+            return CheckFailed(f"{command!r} {what}; its {n} change{'s' if n != 1 else ''} "
+                               "were staged all the same (keep on failure); the transaction "
+                               "stays active", code=code, tid=tid, result=out)
+        msg = f"{command!r} {what}; nothing was staged and the transaction stays active"
+        if res.tty:
+            from . import kept
+
+            cap = view.capture()
+            held = kept.keep(self.layout.tx_dir(tid), self.layout.trash, tx, fingerprint(tx),
+                             cap, {"command": command, **result})
+            if held is not None:
+                out["kept"] = held
+                n = held["changes"]
+                msg += (f". Its {n} change{'s' if n != 1 else ''} are kept: "
+                        f"`agent-2pc stage-kept --tid {tid}` stages them")
+        return CheckFailed(msg, code=code, tid=tid, result=out)
+
+    def sweep_views(self) -> dict[str, int]:
+        """For recover: remove what staged views of dead callers left (isolation/_owner.py),
+        keeping aside what a terminal session of exec had changed in an overlay view when its
+        caller was killed (as a failed session's capture is kept: ``stage_kept``)."""
+        from ..isolation._owner import sweep
+
+        salvaged: list[str] = []
+
+        def salvage(tid: str, view_dir: str) -> None:
+            if self._salvage_session(tid, view_dir):
+                salvaged.append(tid)
+
+        out = sweep(self.layout.tx, self.layout.trash, salvage)
+        out["kept"] = len(salvaged)
+        return out
+
+    def _salvage_session(self, tid: str, view_dir: str) -> bool:
+        from ..isolation import FUSE, OVERLAY, Ignore
+        from ..isolation._capture import capture_upper
+        from ..isolation._layer import Layer
+        from ..isolation._view import SESSION_MARK
+        from . import kept
+
+        tx = self.txs.get(tid)
+        upper = os.path.join(view_dir, "upper")
+        tier = next((t for t in (OVERLAY, FUSE)
+                     if os.path.exists(os.path.join(view_dir, SESSION_MARK + t))), None)
+        if tx is None or tx.state != "active" or tier is None or not os.path.isdir(upper):
+            return False
+        try:
+            with open(os.path.join(view_dir, SESSION_FILE), encoding="utf-8") as f:
+                session = json.load(f)
+        except (OSError, ValueError):
+            return False
+        fp = fingerprint(tx)
+        if session.get("fingerprint") != fp:
+            return False  # staged since: what the session saw is not known any more
+        cap = capture_upper(upper, Layer(self.root, tx.changes(), self.blobs),
+                            Ignore(self._ignore()), fuse=tier == FUSE)
+        return kept.keep(self.layout.tx_dir(tid), self.layout.trash, tx, fp, cap,
+                         {"command": session.get("command"), "exit_code": None,
+                          "timed_out": False}) is not None
+
+    def stage_kept(self, tid: str) -> dict[str, Any]:
+        """Stage the capture that the last failed terminal session of ``exec`` kept aside
+        (kept.py); then it is gone. NotFound when there is none; BadState when a path of it
+        was staged differently since that session began."""
+        from . import kept
+
+        tx_dir = self.layout.tx_dir(tid)
+        tx = self._snapshot(tid)
+        manifest, changes = kept.load(tx_dir, tid)
+        kept.check_fits(manifest, tx, fingerprint(tx))
+        captured, skipped = self._stage_captured(tid, changes, manifest["skipped"], "exec")
+        kept.drop(tx_dir, self.layout.trash)
+        return {"captured": captured, "skipped": skipped, "command": manifest["command"],
+                "exit_code": manifest["exit_code"]}
 
     def stage_wasm(self, tid: str, module: str, args: list[str] | None = None,
                    fuel: int | None = None, max_memory_mb: int | None = None,
@@ -337,16 +433,18 @@ class Runs:
             view.close()
         return {**result, "captured": captured, "skipped": skipped}
 
-    def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None
-                 ) -> dict[str, Any]:
+    def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None,
+                 sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         """Run a command in the staged view to look around: output returned, nothing
-        captured, no check recorded."""
+        captured, no check recorded. ``sandbox`` (and ``network``) as for ``stage_cmd``."""
         command = _command(command)
+        _check_network(sandbox, network)
         tx = self._snapshot(tid)
         view = self._view(tx)
         try:
             res = view.run(command, timeout_s=_timeout_s(timeout_ms),
-                           log_path=self._log_path(tid, "look"), tail_bytes=64 * 1024)
+                           log_path=self._log_path(tid, "look"), tail_bytes=64 * 1024,
+                           sandbox=sandbox, network=network)
         finally:
             view.close()
         return _result_json(res)
@@ -366,15 +464,19 @@ class Runs:
         of the tree is skipped (staging it would change the link's target instead) unless the
         link itself is replaced by a directory."""
         cap = view.capture(select)
-        _names_are_text(cap.changes)
-        skipped = [dict(s) for s in cap.skipped]
+        return self._stage_captured(tid, cap.changes, cap.skipped, via)
+
+    def _stage_captured(self, tid: str, changes: list[Change], skipped_in: list[Any],
+                        via: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        _names_are_text(changes)
+        skipped = [dict(s) for s in skipped_in]
         staged: list[dict[str, Any]] = []
         pending: list[Pending] = []
         with self.active(tid) as tx:
             records = []
             puts: dict[str, str] = {}  # path -> op, staged by this capture so far
             try:
-                for c in cap.changes:
+                for c in changes:
                     try:
                         rel, below_link = self._literal(tx, c.path, puts)
                     except Agent2PCError as exc:  # forbidden, or through a link
@@ -468,6 +570,11 @@ def _names_are_text(changes: list[Any]) -> None:
                 raise UsageError(f"{what}, which is not UTF-8; agent-2pc records names as "
                                  "UTF-8, so nothing was staged: use a UTF-8 name and run it "
                                  "again", path=shown(c.path)) from None
+
+
+def _check_network(sandbox: bool, network: bool) -> None:
+    if network and not sandbox:
+        raise UsageError("--network only makes sense with --sandbox")
 
 
 def _last_lines(result: dict[str, Any], n: int = 3) -> str:

@@ -313,8 +313,9 @@ class Layer:
         finally:
             os.close(fd)
 
-    def build_overlay(self, dest: str) -> None:
-        """Write the layer into the empty directory ``dest`` (an overlay lower dir)."""
+    def build_overlay(self, dest: str, hide: tuple[str, ...] = ()) -> None:
+        """Write the layer into the empty directory ``dest`` (an overlay lower dir). ``hide``:
+        names at the root that the view must not show (whiteouts), e.g. the workspace."""
         self.match_root(dest)
         made: set[str] = set()
         for rel in sorted(self.writes):
@@ -326,6 +327,10 @@ class Layer:
             if "/" in rel:
                 self._mkdirs(dest, rel.rpartition("/")[0], made)
             os.mknod(os.path.join(dest, rel), stat.S_IFCHR | 0o600, os.makedev(0, 0))
+        for name in hide:
+            assert "/" not in name and not os.path.lexists(os.path.join(dest, name)), name
+            if os.path.lexists(os.path.join(self.root, name)):
+                os.mknod(os.path.join(dest, name), stat.S_IFCHR | 0o600, os.makedev(0, 0))
 
     def _put_links_and_dirs(self, dest: str, made: set[str]) -> None:
         for rel in sorted(self.mkdirs):

@@ -12,7 +12,8 @@ network namespace:
   --tmpfs /tmp               a private, empty /tmp (sized when the governor bounds the disk);
                              $TMPDIR points there (elsewhere is read-only)
   --bind VIEW VIEW           the staged view, the only writable place (so capture still works)
-  --ro-bind .agent-tx        the real workspace, visible but read-only (overlay tiers)
+  (readonly=)                more binds, read-only (none by default: the view has no
+                             .agent-tx/, so the workspace is not in the sandbox either)
   --unshare-all              + --share-net only when the network is asked for; otherwise a
                              new network namespace whose only interface is loopback
   --cap-drop ALL             no capabilities, even as root; bwrap always sets no_new_privs

@@ -10,14 +10,17 @@ With no tier asked for, the first one the host allows is used: a tier whose moun
 recorded in ``refused`` and the next one is tried — the command had not started. A tier that
 was asked for and cannot be had raises IsolationUnavailable. No tier ever runs a command
 against the real tree: in the overlay tiers the command starts only after the helper reported
-the mount made (``@ok``), in the copy tier its working directory is in the copy.
+the mount made (``@ok``), in the copy tier its working directory is in the copy and the real
+repository is read-only to it. In every tier the view has no .agent-tx/, a root command has no
+capability that undoes the view (``_without_view_changing_caps``), and the run dies with its
+caller (a pipe only the caller holds). docs/staged-view.md says why and how.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,14 +30,34 @@ import time
 from ..errors import IsolationUnavailable, NotFound, PathOutsideRoot, UsageError
 from ..storage.workspace import DIRNAME
 from ._capture import Capture, capture_upper
+from ._confine import (
+    WATCH_FD_MIN,
+    _userns_refusal,
+    _which,
+    copy_confinement,
+    memfd,
+    without_view_changing_caps,
+)
 from ._copy import build_copy, capture_copy, picture, wait_for_tick
 from ._fswatch import CopyWatch, UpperWatch
 from ._governor import MIB, Governor, Limits
 from ._ignore import DEFAULT_IGNORE, Ignore
 from ._layer import Layer
-from ._procs import HELPER, children_of, exit_code, ns_of_children, reap_namespace
+from ._owner import owner_tag
+from ._procs import (
+    COPY_HELPER,
+    HELPER,
+    PROC_SYS_READ_ONLY,
+    ROOT_CAPS,
+    children_of,
+    exit_code,
+    fstab_line,
+    ns_of_children,
+    reap_namespace,
+)
 from ._remove import discard, rmtree
 from ._sandbox import SANDBOXED, Sandbox, probe_sandbox
+from ._terminal import STOP_POLL_S, Terminal, session_argv, wanted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,35 +76,17 @@ REAPER_GRACE_S = 10.0  # the copy tier's supervisor enforces the timeout; this i
 KILL_WAIT_S = 10.0
 PROBE_TIMEOUT_S = 10.0
 ARGV_ITEMS_MAX = 100_000
+SESSION_MARK = "session-"  # + the tier: a view dir in which a terminal session ran
+RELAY_POLL_S = 0.05  # without a pidfd, how often a terminal relay looks for the exit
 # redirect_dir=off: a rename of a merged directory fails with EXDEV and tools copy instead, so
 # renames reach the upper dir as plain files; metacopy=off: a chmod copies the whole file up;
 # index=off: no hard-link index in the work dir. In a user namespace the kernel wants
 # redirect_dir=nofollow with userxattr (same effect for us: no redirect is ever created).
 ROOT_OPTS = ",redirect_dir=off,metacopy=off,index=off"
 USERNS_OPTS = ",redirect_dir=nofollow,metacopy=off,index=off,userxattr"
-SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
 
 _probe_cache: dict[str, str | None] | None = None
-
-
-def _which(name: str) -> str | None:
-    return shutil.which(name, path=os.environ.get("PATH", "") + os.pathsep + SYS_PATH)
-
-
-def _userns_refusal() -> str | None:
-    """Why an unprivileged user namespace cannot be had here (None: it can, as far as the
-    host's settings tell)."""
-    for path, bad in (("/proc/sys/user/max_user_namespaces", "0"),
-                      ("/proc/sys/kernel/unprivileged_userns_clone", "0"),
-                      ("/proc/sys/kernel/apparmor_restrict_unprivileged_userns", "1")):
-        try:
-            with open(path) as f:
-                if f.read().strip() == bad:
-                    return f"{path} is {bad}: no user namespaces for users other than root"
-        except OSError:
-            pass
-    return None
 
 
 def probe_tiers(refresh: bool = False) -> dict[str, str | None]:
@@ -133,13 +138,14 @@ class RunResult:
 
     __slots__ = ("tier", "namespace", "command", "cwd", "exit_code", "timed_out",
                  "duration_ms", "setup_ms", "log_path", "tail", "interactive", "survivors",
-                 "refused", "sandbox", "tripped", "governor")
+                 "refused", "sandbox", "tripped", "governor", "tty")
 
     def __init__(self, *, tier: str, namespace: str | None, command: list[str], cwd: str,
                  exit_code: int | None, timed_out: bool, duration_ms: float,
                  log_path: str | None, tail: str | None, interactive: bool,
                  survivors: int, sandbox: dict[str, Any] | None = None,
-                 tripped: str | None = None, governor: dict[str, Any] | None = None) -> None:
+                 tripped: str | None = None, governor: dict[str, Any] | None = None,
+                 tty: bool = False) -> None:
         self.tier = tier
         self.namespace = namespace  # mount+pid | user+mount+pid | None (copy)
         self.command = command
@@ -156,6 +162,7 @@ class RunResult:
         self.sandbox = sandbox
         self.tripped = "timeout_ms" if timed_out and tripped is None else tripped
         self.governor = governor
+        self.tty = tty  # the command had a pseudo-terminal of its own (interactive runs)
 
     @property
     def passed(self) -> bool:
@@ -169,6 +176,8 @@ class RunResult:
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
+        if self.tty:
+            out["tty"] = True
         return out
 
     def __repr__(self) -> str:
@@ -208,7 +217,7 @@ class StagedView:
     ignore        globs never captured nor copied (_ignore.py); .git and .agent-tx always.
     scratch_dir   where the view's own directory goes (upper and work dirs, logs, status):
                   default ``<root>/.agent-tx/tx`` in a workspace, else the temp dir. Inside
-                  the repo only below .agent-tx/ (the view hides it behind the real one).
+                  the repo only below .agent-tx/ (which the view hides).
     trash_dir     where large scratch goes to be deleted in the background (same file system
                   as scratch_dir); default ``<root>/.agent-tx/trash`` in a workspace.
     layer_parent  where the staged layer is built (outside the repo): default /dev/shm.
@@ -246,10 +255,11 @@ class StagedView:
         self._layer_parent = os.fspath(layer_parent) if layer_parent is not None else None
         self._copy_parent = os.fspath(copy_parent) if copy_parent is not None else None
         os.makedirs(scratch, exist_ok=True)
-        self.dir = tempfile.mkdtemp(prefix="view-", dir=scratch)
+        self.dir = tempfile.mkdtemp(prefix=f"view-{owner_tag()}-", dir=scratch)
         self._layer_dir: str | None = None
         self._upper: str | None = None
         self._work: str | None = None
+        self._mounts_dir: str | None = None  # fuse-overlayfs's upper and work dirs
         self._copy_base: str | None = None
         self._copy_root: str | None = None
         self._before: dict[str, Any] | None = None
@@ -304,7 +314,8 @@ class StagedView:
             return
         if tier == COPY:
             parent = self._outside_repo(self._copy_parent or tempfile.gettempdir(), "copy")
-            self._copy_base = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-copy-",
+            self._copy_base = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-copy-"
+                                               f"{owner_tag()}-",
                                                dir=parent)
             dest = os.path.join(self._copy_base, os.path.basename(self.root) or "root")
             os.mkdir(dest, 0o700)
@@ -317,14 +328,27 @@ class StagedView:
                 default = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else \
                     tempfile.gettempdir()
                 parent = self._outside_repo(self._layer_parent or default, "staged layer")
-                self._layer_dir = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-layer-",
+                self._layer_dir = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-layer-"
+                                                   f"{owner_tag()}-",
                                                    dir=parent)
-                self.layer.build_overlay(self._layer_dir)
+                # .agent-tx/ is hidden in the view: no command reaches the workspace's state
+                self.layer.build_overlay(self._layer_dir, hide=(DIRNAME,))
             if self._upper is not None:  # left by a tier whose mount was refused
                 rmtree(self._upper)
             self._upper = os.path.join(self.dir, "upper")
-            os.mkdir(self._upper, 0o700)
-            self._work = os.path.join(self.dir, f"work-{self._runs}")
+            if tier == FUSE:
+                # fuse-overlayfs reaches its upper and work dirs by path, and the view hides
+                # .agent-tx/ (and mounts over the repo): they live outside it, the view's dir
+                # links to them
+                parent = self._outside_repo(self._copy_parent or tempfile.gettempdir(),
+                                            "fuse-overlayfs upper dir")
+                self._mounts_dir = tempfile.mkdtemp(
+                    prefix=f"agent-2pc-{os.getuid()}-upper-{owner_tag()}-", dir=parent)
+                os.mkdir(os.path.join(self._mounts_dir, "upper"), 0o700)
+                os.symlink(os.path.join(self._mounts_dir, "upper"), self._upper)
+            else:
+                os.mkdir(self._upper, 0o700)
+            self._work = os.path.join(self._mounts_dir or self.dir, f"work-{self._runs}")
             os.mkdir(self._work, 0o700)
             self._work_used = False
             self.layer.match_root(self._upper)  # the view's root shows the upper's attributes
@@ -353,8 +377,6 @@ class StagedView:
         out = dict(os.environ if env is None else env)
         out["PWD"] = cwd
         out["AGENT2PC_VIEW"] = tier
-        if tier == COPY and self.agent_tx and "AGENT2PC_ROOT" not in out:
-            out["AGENT2PC_ROOT"] = self.root  # nested agent-2pc calls reach the real workspace
         return out
 
     def run(self, command: str | Sequence[str], *, cwd: str | os.PathLike[str] | None = None,
@@ -362,13 +384,14 @@ class StagedView:
             interactive: bool = False, log_path: str | os.PathLike[str] | None = None,
             tail_bytes: int = TAIL_BYTES, stdout_fd: int | None = None,
             sandbox: bool = False, network: bool = False,
-            limits: Limits | Mapping[str, int | None] | None = None) -> RunResult:
+            limits: Limits | Mapping[str, int | None] | None = None,
+            tty: bool | None = None) -> RunResult:
         """Run ``command`` (argv list, or a shell string for /bin/sh -c) in the view.
 
         cwd          a directory of the view: relative to the repo root, or an absolute path
                      inside the repo (default: the root); mapped into the view.
         env          the command's environment (default: ours); PWD and AGENT2PC_VIEW (the
-                     tier) are set, and AGENT2PC_ROOT in the copy tier.
+                     tier) are set.
         timeout_s    wall time; when it runs out every process of the command is killed
                      (SIGKILL) and the result says ``timed_out``.
         interactive  stdin/stdout/stderr are the caller's own (a terminal stays one); no log.
@@ -376,6 +399,10 @@ class StagedView:
                      (default: a file in the view's dir, gone at close).
         stdout_fd    interactive only: our descriptor that the command's stdout goes to
                      instead of ours (2 for ``exec --json``, whose stdout is the JSON alone).
+        tty          interactive only: give the command a pseudo-terminal of its own
+                     (_terminal.py), relayed to ours; None (default): when our stdin and
+                     the output descriptor are both terminals. True where they are not is a
+                     UsageError.
         sandbox      confine the command with bubblewrap (_sandbox.py): the host read-only,
                      a private /tmp, no network, only the view writable; ``result.sandbox``
                      says how. IsolationUnavailable when it cannot be had: never unconfined.
@@ -392,6 +419,11 @@ class StagedView:
             raise UsageError(f"the timeout must be between 0 and {TIMEOUT_S_MAX:.0f} s")
         if stdout_fd is not None and not interactive:
             raise UsageError("stdout_fd is for interactive runs (others write to the log)")
+        out_fd = 1 if stdout_fd is None else stdout_fd
+        if tty and not (interactive and wanted(0, out_fd)):
+            raise UsageError("tty= needs an interactive run whose stdin and output are "
+                             "terminals")
+        use_tty = interactive and (wanted(0, out_fd) if tty is None else tty)
         if not 0 <= tail_bytes <= TAIL_BYTES_MAX:
             raise UsageError(f"tail_bytes must be between 0 and {TAIL_BYTES_MAX}")
         if network and not sandbox:
@@ -409,6 +441,7 @@ class StagedView:
                 raise UsageError(f"the log {log} would be a file in the repo; put it below "
                                  f"{DIRNAME}/ or outside the repo")
         self._running = True
+        compat_tried = False
         try:
             while True:
                 tier = self._candidates[0]
@@ -417,7 +450,7 @@ class StagedView:
                 setup_ms = round((time.perf_counter() - t0) * 1000, 3)
                 res = self._run_once(tier, argv, rel, env, timeout_s, interactive,
                                      None if log_path is None else os.fspath(log_path),
-                                     tail_bytes, stdout_fd, sandbox, network, lim)
+                                     tail_bytes, stdout_fd, sandbox, network, lim, use_tty)
                 if res is not None:
                     self.tier = tier
                     self._candidates = [tier]
@@ -425,6 +458,9 @@ class StagedView:
                     res.setup_ms = setup_ms
                     res.refused = dict(self.refused)
                     return res
+                if self._failure == COMPAT and tier in _COMPAT_MOUNT and not compat_tried:
+                    compat_tried = True  # the same tier again, mounted the long way
+                    continue
                 self.refused[tier] = self._failure
                 if self.forced or self._ran or len(self._candidates) == 1:
                     raise IsolationUnavailable(
@@ -434,8 +470,52 @@ class StagedView:
         finally:
             self._running = False
 
+    def _copy_argv(self, cmd: list[str], status: str, timeout_s: float | None,
+                   interactive: bool, keep: bool, watch: int, copy_ns: bool,
+                   fds: list[int], proc_ro: bool = True) -> list[str]:
+        """The copy tier's supervisor (_reaper.py) for ``cmd``, kept out of the real
+        repository: in a mount namespace where it is read-only (COPY_HELPER), else by
+        Landlock (the supervisor restricts itself); IsolationUnavailable when neither can
+        be had."""
+        how = copy_confinement()
+        opts = [*(["keep-status"] if keep else []), f"watch={watch}"]
+        if os.geteuid() == 0:  # the supervisor drops them from the bounding set itself
+            opts.append("caps=" + ",".join(str(n) for n in ROOT_CAPS.values()))
+        if how == "landlock":
+            assert self._copy_base is not None
+            opts += [f"landlock={self.root}", f"allow={self._copy_base}"]
+        elif how != "ns":
+            raise IsolationUnavailable(f"the copy tier cannot keep the command out of the "
+                                       f"repository here: {how}", tier=COPY)
+        reaper = [sys.executable, "-S", "-I", REAPER,
+                  "/proc/self/fd/3" if how == "ns" else status, repr(float(timeout_s or 0)),
+                  "1" if interactive else "0", "0" if copy_ns else str(os.getpid()), *opts,
+                  "--", *cmd]
+        if how != "ns":
+            if not copy_ns:
+                return reaper
+            unshare = _which("unshare")
+            assert unshare is not None
+            return [unshare, "--pid", "--fork", "--kill-child", "--", *reaper]
+        unshare = _which("unshare")
+        assert unshare is not None
+        head = [unshare]
+        if os.geteuid() != 0:  # as root of a user namespace to mount, then ourselves again
+            head += ["--user", "--map-root-user"]
+            reaper = [unshare, "--user", f"--map-user={os.getuid()}",
+                      f"--map-group={os.getgid()}", "--", *reaper]
+        head += ["--mount", "--propagation", "private"]
+        if copy_ns:
+            head += ["--pid", "--fork", "--kill-child"]
+        fstab = memfd(fstab_line(self.root, self.root, "none", "bind,ro")
+                       + (PROC_SYS_READ_ONLY if os.geteuid() == 0 and proc_ro else ""))
+        fds.append(fstab)
+        return [*head, "--", "/bin/sh", "-c", COPY_HELPER, "agent-2pc-copy", self.root, status,
+                f"/proc/self/fd/{fstab}", *reaper]
+
     def _helper_argv(self, tier: str, argv: list[str], view_cwd: str, status: str,
-                     keep_status: bool = False) -> list[str]:
+                     keep_status: bool = False, watch: int | None = None,
+                     fds: list[int] | None = None, proc_ro: bool = True) -> list[str]:
         unshare = _which("unshare")
         assert unshare is not None
         assert self._layer_dir and self._upper and self._work
@@ -448,15 +528,33 @@ class StagedView:
             cmd = [unshare, "--user", f"--map-user={os.getuid()}",
                    f"--map-group={os.getgid()}", "--", *argv]
         opts = (ROOT_OPTS if os.geteuid() == 0 else USERNS_OPTS) if tier == OVERLAY else ""
+        mounter = tier
+        lines = []
+        if tier == OVERLAY and tier not in _COMPAT_MOUNT:
+            mounter = "overlay-fstab"  # the overlay and what follows, in one mount(8)
+            lines.append(fstab_line("agent-2pc-view", self.root, "overlay",
+                                    "lowerdir=/proc/self/fd/6:/proc/self/fd/5,upperdir="
+                                    f"/proc/self/fd/7,workdir=/proc/self/fd/8{opts}"
+                                    f"{FAST_MOUNT_OPTS}"))
+        if os.geteuid() == 0 and proc_ro:  # (the sandbox has a /proc of its own)
+            lines.append(PROC_SYS_READ_ONLY)
+        fstab = ""
+        if lines:
+            fd = memfd("".join(lines))
+            if fds is not None:
+                fds.append(fd)
+            fstab = f"/proc/self/fd/{fd}"
         head += ["--mount", "--propagation", "private", "--pid", "--fork", "--kill-child",
                  "--mount-proc", "--", "/bin/sh", "-c", HELPER, "agent-2pc-view"]
         return head + [self.root, self._layer_dir, self._upper, self._work, view_cwd, status,
-                       tier, opts, self.agent_tx or "", "1" if keep_status else ""] + cmd
+                       mounter, opts, fstab, "1" if keep_status else "",
+                       "" if watch is None else str(watch)] + cmd
 
     def _run_once(self, tier: str, argv: list[str], rel: str, env: Mapping[str, str] | None,
                   timeout_s: float | None, interactive: bool, log_path: str | None,
                   tail_bytes: int, stdout_fd: int | None, sandbox: bool = False,
-                  network: bool = False, limits: Limits | None = None) -> RunResult | None:
+                  network: bool = False, limits: Limits | None = None,
+                  use_tty: bool = False) -> RunResult | None:
         """Run once in ``tier``; None when the view could not be made (nothing ran)."""
         self._runs += 1
         status = os.path.join(self.dir, f"status-{self._runs}")
@@ -468,9 +566,18 @@ class StagedView:
         if not interactive:
             log = log_path or os.path.join(self.dir, f"run-{self._runs}.log")
         cmd = argv
+        term = None
+        if use_tty:  # the last step before the program: a session of its own on the pty
+            term = Terminal(0, 1 if stdout_fd is None else stdout_fd)
+            cmd = session_argv(argv)
+            # a terminal session: what it wrote may be salvaged if we die (recover, runs.py)
+            os.close(os.open(os.path.join(self.dir, f"{SESSION_MARK}{tier}"),
+                             os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+        if os.geteuid() == 0 and not sandbox and tier != COPY:
+            cmd = without_view_changing_caps(cmd, tier)  # the copy tier's supervisor does it
         box = None
         if sandbox:
-            readonly = (self.agent_tx,) if tier != COPY and self.agent_tx else ()
+            readonly = ()
             box = Sandbox(view_root=view_root, cwd=view_cwd, network=network,
                           interactive=interactive, readonly=readonly,
                           tmp_size_bytes=None if limits is None or limits.disk_mb is None
@@ -499,7 +606,7 @@ class StagedView:
                     gov.baseline()
                 cmd = gov.wrap(cmd, close_status=box is None)
             return self._spawn(tier, argv, cmd, view_cwd, env, status, timeout_s, interactive,
-                               log, tail_bytes, stdout_fd, box, gov, copy_ns)
+                               log, tail_bytes, stdout_fd, box, gov, copy_ns, term)
         finally:
             if gov is not None:
                 gov.close()  # idempotent: _spawn closed it already unless it raised
@@ -507,46 +614,77 @@ class StagedView:
     def _spawn(self, tier: str, argv: list[str], cmd: list[str], view_cwd: str,
                env: Mapping[str, str] | None, status: str, timeout_s: float | None,
                interactive: bool, log: str | None, tail_bytes: int, stdout_fd: int | None,
-               box: Sandbox | None, gov: Governor | None, copy_ns: bool = False
-               ) -> RunResult | None:
+               box: Sandbox | None, gov: Governor | None, copy_ns: bool = False,
+               term: Terminal | None = None) -> RunResult | None:
+        if term is None:
+            return self._spawn_on(tier, argv, cmd, view_cwd, env, status, timeout_s,
+                                  interactive, log, tail_bytes, stdout_fd, box, gov, copy_ns)
+        slave = term.open()
+        try:
+            return self._spawn_on(tier, argv, cmd, view_cwd, env, status, timeout_s,
+                                  interactive, log, tail_bytes, slave, box, gov, copy_ns, term)
+        finally:
+            term.drain()
+            term.close()
+
+    def _spawn_on(self, tier: str, argv: list[str], cmd: list[str], view_cwd: str,
+                  env: Mapping[str, str] | None, status: str, timeout_s: float | None,
+                  interactive: bool, log: str | None, tail_bytes: int, stdout_fd: int | None,
+                  box: Sandbox | None, gov: Governor | None, copy_ns: bool = False,
+                  term: Terminal | None = None) -> RunResult | None:
+        """Spawn and wait. With ``term``, ``stdout_fd`` is the pty's slave: the command's
+        stdin, stdout and stderr, closed here once the command has it."""
         keep = box is not None or (gov is not None and gov.needs_status)
         log_fd = None
         if log is not None:
             log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # The run dies with us: its helper (or supervisor) watches a pipe whose other end only
+        # we hold, and kills the run when it closes (we exited, however: SIGKILL included).
+        watch_r, watch_w = os.pipe2(os.O_CLOEXEC)
+        watch = fcntl.fcntl(watch_r, fcntl.F_DUPFD_CLOEXEC, WATCH_FD_MIN)  # clear of 3..9
+        os.close(watch_r)
+        fds = [watch]  # passed on, and closed here once the helper has them
         if tier == COPY:
-            full = [sys.executable, "-S", "-I", REAPER, status,
-                    repr(float(timeout_s or 0)), "1" if interactive else "0",
-                    "0" if copy_ns else str(os.getpid()), *(["keep-status"] if keep else []),
-                    "--", *cmd]
-            if copy_ns:
-                unshare = _which("unshare")
-                assert unshare is not None
-                full = [unshare, "--pid", "--fork", "--kill-child", "--", *full]
+            full = self._copy_argv(cmd, status, timeout_s, interactive, keep, watch, copy_ns,
+                                   fds, box is None)
             popen_cwd: str | None = view_cwd
         else:
             # A volatile mount refuses a work dir that one used before: each run after the
             # first gets a fresh one. The old ones go at close (a delete frees disk blocks,
             # which is slow on discard mounts: not on the critical path).
             if self._work_used:
-                self._work = os.path.join(self.dir, f"work-{self._runs}")
+                self._work = os.path.join(self._mounts_dir or self.dir, f"work-{self._runs}")
                 os.mkdir(self._work, 0o700)
             self._work_used = True
-            full = self._helper_argv(tier, cmd, view_cwd, status, keep)
+            full = self._helper_argv(tier, cmd, view_cwd, status, keep, watch, fds, box is None)
             popen_cwd = "/"
         t0 = time.perf_counter()
         try:
             proc = subprocess.Popen(
                 full, cwd=popen_cwd, env=self._env(env, tier, view_cwd),
-                stdin=None if interactive else subprocess.DEVNULL,
+                stdin=stdout_fd if term else None if interactive else subprocess.DEVNULL,
                 stdout=stdout_fd if interactive else log_fd,
-                stderr=None if interactive else subprocess.STDOUT,
-                start_new_session=not interactive)
+                stderr=stdout_fd if term else None if interactive else subprocess.STDOUT,
+                start_new_session=not interactive or term is not None, pass_fds=tuple(fds))
+        except BaseException:
+            os.close(watch_w)
+            raise
         finally:
+            for fd in fds:
+                os.close(fd)
             if log_fd is not None:
                 os.close(log_fd)
+            if term is not None and stdout_fd is not None:
+                os.close(stdout_fd)  # the slave: the command has it now
         if gov is not None:
             gov.start(proc.pid, time.monotonic())
-        timed_out, survivors, tripped = self._wait(proc, tier, timeout_s, interactive, gov)
+        if term is not None:
+            term.start()
+        try:
+            timed_out, survivors, tripped = self._wait(proc, tier, timeout_s, interactive, gov,
+                                                       term)
+        finally:
+            os.close(watch_w)
         duration_ms = round((time.perf_counter() - t0) * 1000, 3)
         killed = tripped is not None
         if gov is not None:  # every process is gone: the last look, then the cgroups go
@@ -555,6 +693,10 @@ class StagedView:
             gov.close()
         with open(status, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
+        if "@compat" in lines and "@ok" not in lines:  # an older kernel: the long way next
+            _COMPAT_MOUNT.add(tier)
+            self._failure = COMPAT
+            return None
         if "@ok" not in lines and not timed_out and not killed:
             self._failure = "; ".join(line.removeprefix("@fail ").strip() for line in lines
                                       if line.strip()) or f"the helper exited {proc.returncode}"
@@ -593,10 +735,10 @@ class StagedView:
                          tail=None if log is None else _tail(log, tail_bytes),
                          interactive=interactive, survivors=survivors,
                          sandbox=None if box is None else box.info, tripped=tripped,
-                         governor=report)
+                         governor=report, tty=term is not None)
 
     def _wait(self, proc: subprocess.Popen[bytes], tier: str, timeout_s: float | None,
-              interactive: bool, gov: Governor | None = None
+              interactive: bool, gov: Governor | None = None, term: Terminal | None = None
               ) -> tuple[bool, int, str | None]:
         """Wait for the helper; kill everything on timeout, on a tripped limit or on an
         exception (then re-raise). Returns (timed out, survivors, tripped limit)."""
@@ -604,7 +746,8 @@ class StagedView:
         if tier == COPY and timeout_s is not None:
             budget = timeout_s + REAPER_GRACE_S
         saved = []
-        if interactive:  # like system(3): the terminal's ^C and ^\ are for the command
+        own_session = not interactive or term is not None
+        if interactive and term is None:  # like system(3): ^C and ^\ are for the command
             for sig in (signal.SIGINT, signal.SIGQUIT):
                 try:
                     saved.append((sig, signal.signal(sig, signal.SIG_IGN)))
@@ -613,22 +756,23 @@ class StagedView:
         try:
             try:
                 if gov is not None:
-                    return self._wait_governed(proc, tier, budget, interactive, gov)
-                _wait_exit(proc, budget)
+                    return self._wait_governed(proc, tier, budget, own_session, gov, term)
+                _wait_exit(proc, budget, term)
                 return False, 0, None
             except subprocess.TimeoutExpired:
-                return True, self._kill(proc, tier, interactive), None
+                return True, self._kill(proc, tier, own_session), None
             except BaseException:
                 if gov is not None:
                     gov.kill(gov.stop_tree())
-                self._kill(proc, tier, interactive)
+                self._kill(proc, tier, own_session)
                 raise
         finally:
             for sig, old in saved:
                 signal.signal(sig, old)
 
     def _wait_governed(self, proc: subprocess.Popen[bytes], tier: str, budget: float | None,
-                       interactive: bool, gov: Governor) -> tuple[bool, int, str | None]:
+                       own_session: bool, gov: Governor, term: Terminal | None = None
+                       ) -> tuple[bool, int, str | None]:
         """Wait, sampling the run every tick (the governor sets the pace); on a tripped limit
         stop the whole tree (SIGSTOP), then kill it."""
         t0 = gov.t0
@@ -642,7 +786,7 @@ class StagedView:
                 if d is not None:
                     step = min(step, max(0.0, d - now))
             try:
-                _wait_exit(proc, step)
+                _wait_exit(proc, step, term)
                 return False, 0, None
             except subprocess.TimeoutExpired:
                 pass
@@ -653,10 +797,12 @@ class StagedView:
                 gov.sample(now)
             if trip is not None:
                 gov.kill(gov.stop_tree())
-                return False, self._kill(proc, tier, interactive), trip
+                return False, self._kill(proc, tier, own_session), trip
 
-    def _kill(self, proc: subprocess.Popen[bytes], tier: str, interactive: bool) -> int:
-        """Kill the command's every process; return how many survived (should be 0)."""
+    def _kill(self, proc: subprocess.Popen[bytes], tier: str, own_session: bool) -> int:
+        """Kill the command's every process; return how many survived (should be 0).
+        ``own_session``: the helper leads a session of its own (its process group is ours
+        to kill)."""
         if tier == COPY and ns_of_children(proc.pid) is None:
             proc.send_signal(signal.SIGTERM)  # the supervisor kills its descendants
             try:
@@ -668,7 +814,7 @@ class StagedView:
         kids = children_of(proc.pid)  # PID 1 of the namespace: its death kills the rest
         # unshare first: killed, it cannot write about its child's death into the log
         proc.kill()
-        if not interactive:
+        if own_session:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
@@ -710,6 +856,8 @@ class StagedView:
             rmtree(self._layer_dir)  # tmpfs, and small: at once
         if self._copy_base is not None:
             discard(self._copy_base)
+        if self._mounts_dir is not None:
+            discard(self._mounts_dir)
         discard(self.dir, self.trash_dir)
 
     def __enter__(self) -> StagedView:
@@ -720,8 +868,11 @@ class StagedView:
 
 
 _pid_ns_cache: bool | None = None
-
-
+_COMPAT_MOUNT: set[str] = set()  # tiers whose mount(8) -a was refused here: the long way
+COMPAT = "@compat"
+# no xattr written at mount, no sync when the namespace dies (see _procs.py); a kernel that does
+# not know them makes the first run of a process take the long way (mounter "overlay")
+FAST_MOUNT_OPTS = ",uuid=off,volatile"
 def _pid_ns_ok() -> bool:
     """Can we make a PID namespace here (``unshare --pid``)? Tried once per process: root in
     a container may lack the capability."""
@@ -739,9 +890,14 @@ def _pid_ns_ok() -> bool:
     return _pid_ns_cache
 
 
-def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None) -> None:
+def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None,
+               term: Terminal | None = None) -> None:
     """``proc.wait(timeout_s)``, but woken by the exit itself (a pidfd) rather than by
-    Popen's polling, whose sleeps double up to 50 ms and add to every run's duration."""
+    Popen's polling, whose sleeps double up to 50 ms and add to every run's duration. With
+    ``term``, relay the terminal meanwhile."""
+    if term is not None:
+        _relay_until_exit(proc, timeout_s, term)
+        return
     if timeout_s is None or proc.returncode is not None:
         proc.wait()
         return
@@ -755,6 +911,34 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None) -> None:
             raise subprocess.TimeoutExpired(proc.args, timeout_s)
     finally:
         os.close(pidfd)
+    proc.wait()
+
+
+def _relay_until_exit(proc: subprocess.Popen[bytes], timeout_s: float | None,
+                      term: Terminal) -> None:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    try:
+        pidfd: int | None = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # Linux < 5.3, or reaped already: poll
+        pidfd = None
+    try:
+        while proc.poll() is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(proc.args, timeout_s or 0.0)
+            rd, wr = term.fds()
+            poll_s = STOP_POLL_S if pidfd is not None else min(STOP_POLL_S, RELAY_POLL_S)
+            left = poll_s if left is None else min(left, poll_s)
+            if pidfd is not None:
+                rd = [*rd, pidfd]
+            ready_r, ready_w, _ = select.select(rd, wr, [], left)
+            term.pump(ready_r, ready_w)
+            if pidfd is not None and pidfd in ready_r:
+                break
+            term.watch_stop()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
     proc.wait()
 
 

@@ -28,6 +28,8 @@ import tempfile
 
 from ..errors import IsolationUnavailable, NotFound, UsageError
 from . import _wasi_main as _main
+from ._owner import owner_tag
+from ._remove import rmtree
 from ._view import TAIL_BYTES, TIMEOUT_S_MAX, RunResult, StagedView, _inside
 
 TYPE_CHECKING = False
@@ -144,7 +146,11 @@ def run_wasm(view: StagedView, module: str | os.PathLike[str], args: Iterable[st
                                       epoch=timeout_s is not None,
                                       memory_limit=max_memory_mb is not None)
 
-    fd, artifact = tempfile.mkstemp(prefix="wasm-", suffix=".cwasm", dir=view.dir)
+    # outside the repo: the runner reads the module and writes its report from inside the
+    # view, where .agent-tx/ (the view's own dir) is out of reach
+    work = tempfile.mkdtemp(prefix=f"agent-2pc-{os.getuid()}-wasm-{owner_tag()}-")
+    os.chmod(work, 0o700)
+    fd, artifact = tempfile.mkstemp(prefix="wasm-", suffix=".cwasm", dir=work)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(compiled)
@@ -167,13 +173,8 @@ def run_wasm(view: StagedView, module: str | os.PathLike[str], args: Iterable[st
         finally:
             os.unlink(artifact)
         rep = _load_report(report)
-    except BaseException:
-        for p in (artifact, artifact[:-len(".cwasm")] + ".json"):
-            try:
-                os.unlink(p)
-            except OSError:
-                pass
-        raise
+    finally:
+        rmtree(work)
     return _result(run, rep, label, argv_args, fuel, max_memory_mb, timeout_s)
 
 

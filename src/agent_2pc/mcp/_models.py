@@ -162,6 +162,10 @@ class ExecIn(In):
         min_length=1, max_length=4096, description="The program and its arguments.")
     timeout_ms: int | None = Field(None, ge=1, le=24 * 3600 * 1000,
                                    description="Kill it after this many ms (default: none).")
+    sandbox: bool = Field(False, description="Confine the command further (no network).")
+    network: bool = Field(False, description="With sandbox: allow the network.")
+    keep_on_failure: bool = Field(False, description=(
+        "Stage what the command changed even when it fails (still answered as a failure)."))
 
 
 class OverlayExecIn(In):
@@ -170,6 +174,8 @@ class OverlayExecIn(In):
         "A shell command line (run by /bin/sh -c), or a list: the program and its arguments."))
     timeout_ms: int | None = Field(None, ge=1, le=24 * 3600 * 1000,
                                    description="Kill it after this many ms (default 10 min).")
+    sandbox: bool = Field(False, description="Confine the command further (no network).")
+    network: bool = Field(False, description="With sandbox: allow the network.")
 
 
 # -- inputs: the effect fence ------------------------------------------------------------------

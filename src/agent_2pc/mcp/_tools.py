@@ -308,20 +308,25 @@ TOOLS: tuple[ToolSpec, ...] = (
         "staged view and stage every file, symlink and empty directory it creates, changes or "
         "deletes. Returns {exit_code, isolation, captured: [{path, op}], skipped, log, tail}; "
         "op is write, delete, symlink or mkdir. A command that fails answers "
-        "ok:false (command_failed or timeout, with tail) and stages nothing; the transaction "
-        "stays active. Errors: isolation_unavailable." + _TID_ERRORS,
+        "ok:false (command_failed or timeout, with tail) and stages nothing (keep_on_failure: "
+        "stages it all the same); the transaction stays active. sandbox: also confine it (no "
+        "network unless network). Errors: isolation_unavailable." + _TID_ERRORS,
         m.ExecIn, (m.ExecOut,),
         lambda rt, a: rt.engine().exec_cmd(a.tid, a.argv, timeout_ms=a.timeout_ms,
-                                           interactive=False),
+                                           interactive=False, sandbox=a.sandbox,
+                                           network=a.network,
+                                           keep_on_failure=a.keep_on_failure),
         ann(open_world=True), requires="exec_cmd"),
     ToolSpec(
         "agent_2pc_overlay_exec", "Look around in the staged view",
         "Run a command in the staged view and return its output (tail, the last 64 KiB), "
         "capturing nothing and recording no check: for looking at the repository as it would "
         "be after commit (cat, ls, grep, git diff, a quick script). Returns {exit_code, passed, "
-        "tail, isolation, log}." + _TID_ERRORS,
+        "tail, isolation, log}. sandbox: also confine it (no network unless network)."
+        + _TID_ERRORS,
         m.OverlayExecIn, (m.OverlayExecOut,),
-        lambda rt, a: rt.engine().view_run(a.tid, a.command, timeout_ms=a.timeout_ms),
+        lambda rt, a: rt.engine().view_run(a.tid, a.command, timeout_ms=a.timeout_ms,
+                                           sandbox=a.sandbox, network=a.network),
         ann(read_only=True, open_world=True), requires="view_run"),
     ToolSpec(
         "agent_2pc_diff", "Show the staged change",

@@ -395,9 +395,8 @@ class Monitor:
         return counts
 
     def _recent(self, n: int) -> list[dict[str, Any]]:
-        done = [tx for tx in self.wal.txs.values() if tx.state in FINISHED]
-        done.sort(key=lambda tx: tx.ended_ms or 0)
-        out = [_finished_row(tx) for tx in reversed(done[-n:])]
+        done = _newest_first([tx for tx in self.wal.txs.values() if tx.state in FINISHED])
+        out = [_finished_row(tx) for tx in done[:n]]
         if len(out) < n:
             _, older = self.history.page(0, n - len(out) + len(done), None)
             seen = {r["tid"] for r in out}
@@ -737,7 +736,7 @@ class Monitor:
         self.poll()
         in_log = [tx for tx in self.wal.txs.values() if tx.state in FINISHED
                   and (state is None or tx.state == state)]
-        in_log.sort(key=lambda tx: tx.ended_ms or 0, reverse=True)
+        in_log = _newest_first(in_log)
         log_rows = [_finished_row(tx) for tx in in_log]
         skip = {r["tid"] for r in log_rows}
         rows = log_rows[offset:offset + limit]
@@ -747,6 +746,12 @@ class Monitor:
         return {"total": len(log_rows) + total_hist - sum(
             1 for t in skip if t in self.history.where), "offset": offset, "limit": limit,
             "transactions": rows}
+
+
+def _newest_first(txs: list[Tx]) -> list[Tx]:
+    """By end time, newest first; in the log's order (the order they ended) within a ms."""
+    order = sorted(range(len(txs)), key=lambda i: (txs[i].ended_ms or 0, i), reverse=True)
+    return [txs[i] for i in order]
 
 
 def _page_args(offset: Any, limit: Any) -> None:

@@ -216,7 +216,7 @@ def test_a_record_the_state_machine_refuses_is_reported_as_corruption(root, clie
 
 
 def test_an_active_transaction_past_its_deadline_is_stuck_and_stays_active(root, client):
-    tx = client.begin(timeout_ms=1, label="slow")
+    client.begin(timeout_ms=1, label="slow")
     time.sleep(0.05)
     out = monitor(root)
     assert out["health"] == "degraded" and out["reasons"][0]["code"] == "stuck"

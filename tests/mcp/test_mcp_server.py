@@ -350,7 +350,9 @@ def test_garbage_on_the_wire_and_protocol_errors_leave_the_server_serving(root: 
             answers[msg["id"]] = msg
         assert answers[2]["error"]["code"] == -32602
         assert answers[3]["error"]["code"] == -32601
-        assert answers[4]["result"]["structuredContent"] == {"ok": True, "transactions": []}
+        assert answers[4]["result"]["structuredContent"] == {
+            "ok": True, "transactions": [], "health": {"health": "healthy", "reasons": [],
+                                                       "in_flight": 0, "stuck": 0}}
     finally:
         proc.stdin.close()
         assert proc.wait(timeout=30) == 0

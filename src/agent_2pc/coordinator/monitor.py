@@ -322,6 +322,22 @@ class Monitor:
                             default=health)
         return out
 
+    def health(self) -> dict[str, Any]:
+        """The health alone (what ``agent_2pc_status`` adds): the log and the live
+        transactions, the disk and the fence; the history is not read."""
+        try:
+            self.wal.poll()
+        except _Stop:
+            pass
+        now = _now_ms()
+        rows = [self._row(tx, now, self._holder(tx.tid)) for tx in self.wal.txs.values()
+                if tx.state not in FINISHED]
+        reasons = self._reasons(rows) + self._fence_summary().get("reasons", [])
+        return {"health": max((r["severity"] for r in reasons), key=_RANK.__getitem__,
+                              default=HEALTHY),
+                "reasons": reasons, "in_flight": len(rows),
+                "stuck": sum(1 for r in rows if r["stuck"])}
+
     def _row(self, tx: Tx, now: int, held: bool) -> dict[str, Any]:
         from ..core import recovery  # R4
 
@@ -746,6 +762,15 @@ class Monitor:
         return {"total": len(log_rows) + total_hist - sum(
             1 for t in skip if t in self.history.where), "offset": offset, "limit": limit,
             "transactions": rows}
+
+
+def health(root: str) -> dict[str, Any]:
+    """``Monitor(root).health()``, opened and closed."""
+    mon = Monitor(root)
+    try:
+        return mon.health()
+    finally:
+        mon.close()
 
 
 def _newest_first(txs: list[Tx]) -> list[Tx]:

@@ -186,9 +186,10 @@ class _Ui:
         fence = s.get("fence") or {}
         if fence.get("present"):
             c = fence.get("counters") or {}
-            grid.add_row("Fence", f"{c.get('attempts', 0)} attempts, "
-                         f"{c.get('committed', 0)} done, {(fence.get('states') or {}).get('fenced', 0)} fenced"
-                         if not fence.get("error") else f"error: {fence['error']}")
+            fenced = (fence.get("states") or {}).get("fenced", 0)
+            grid.add_row("Fence", f"error: {fence['error']}" if fence.get("error") else
+                         f"{c.get('attempts', 0)} attempts, {c.get('committed', 0)} done, "
+                         f"{fenced} fenced")
         rec = s.get("last_recovery")
         grid.add_row("Last recovery", "none recorded" if not rec else
                      f"{rec['kind'].replace('_', ' ')} at {rec['at']}"

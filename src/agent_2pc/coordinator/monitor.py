@@ -35,6 +35,7 @@ import os
 import re
 import struct
 import time
+import zlib
 
 from ..core.states import (
     ABORTED,
@@ -91,12 +92,13 @@ class _WalTail:
         self.damage: dict[str, Any] | None = None
         self.version = 0           # bumped whenever something new was folded
         self._size_seen = -1       # the file's size when it was last decoded
+        self._crc = 0              # CRC-32 of the bytes folded so far
 
     def _reset(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
         self.fd, self.offset, self.records, self.damage = None, 0, 0, None
-        self.txs, self.recs, self._size_seen = {}, {}, -1
+        self.txs, self.recs, self._size_seen, self._crc = {}, {}, -1, 0
         self.version += 1
 
     def poll(self) -> None:
@@ -126,7 +128,11 @@ class _WalTail:
             if os.fstat(self.fd).st_size != size:
                 return self.poll()
         self._size_seen = size
-        self._fold(decoded)
+        start = self.offset
+        try:
+            self._fold(decoded)
+        finally:
+            self._crc = zlib.crc32(memoryview(buf)[:self.offset - start], self._crc)
         damage = None
         if decoded.damage is not None:
             d = decoded.damage
@@ -135,6 +141,15 @@ class _WalTail:
         if damage != self.damage:
             self.damage = damage
             self.version += 1
+
+    def verify(self) -> None:
+        """Check that what was folded is still on disk as it was read (a tail reader sees
+        only appends; damage done in place, bit rot, shows here): read again on a change."""
+        if self.fd is None or self.offset == 0:
+            return
+        if zlib.crc32(os.pread(self.fd, self.offset, 0)) != self._crc:
+            self._reset()
+            self.poll()
 
     def _fold(self, decoded: Any) -> None:
         start = self.offset
@@ -284,6 +299,10 @@ class Monitor:
 
     def snapshot(self, recent: int = RECENT_MAX) -> dict[str, Any]:
         self.poll()
+        try:
+            self.wal.verify()
+        except _Stop:
+            pass
         now = _now_ms()
         live = [tx for tx in self.wal.txs.values() if tx.state not in FINISHED]
         held = {tx.tid: self._holder(tx.tid) for tx in live}

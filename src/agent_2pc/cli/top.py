@@ -25,6 +25,7 @@ STATE_STYLE = {"active": "bold bright_blue", "preparing": "bold magenta",
                "prepared": "bold magenta", "committing": "bold cyan",
                "committed": "bold green", "aborting": "bold dark_orange",
                "aborted": "bold red"}
+SELECTED = "bold on grey30"
 HEALTH_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "unhealthy": "bold red"}
 KEYS = {b"\x1b[A": "up", b"\x1bOA": "up", b"\x1b[B": "down", b"\x1bOB": "down",
         b"\x1b[5~": "pgup", b"\x1b[6~": "pgdn", b"\r": "enter", b"\n": "enter",
@@ -205,12 +206,13 @@ class _Ui:
                      .replace("bold ", ""))
 
     def _in_flight(self, rows: list[dict[str, Any]], room: int) -> Any:
+        from rich import box
         from rich.table import Table
         from rich.text import Text
 
         key = SORTS[self.sort][0]
-        t = Table(title=f"In flight ({len(rows)})", title_justify="left", expand=True,
-                  header_style="bold dim", title_style="bold")
+        t = Table(title=f"In flight ({len(rows)})", box=box.SIMPLE_HEAD, title_justify="left",
+                  expand=True, header_style="bold dim", title_style="bold")
         for col, name, just in (("tid", "TID", "left"), ("label", "LABEL", "left"),
                                 ("state", "STATE", "left"), ("age_s", "AGE", "right"),
                                 ("files_total", "FILES", "right"), ("checks", "CHECKS", "left"),
@@ -221,7 +223,7 @@ class _Ui:
                          overflow="ellipsis", max_width=40 if col == "label" else None)
         start = max(0, self.selected - room + 1)
         for i, r in enumerate(rows[start:start + room], start):
-            style = "reverse" if i == self.selected else ("red" if r["stuck"] else "")
+            style = SELECTED if i == self.selected else ("red" if r["stuck"] else "")
             exp = r.get("expires_in_s")
             t.add_row(r["tid"], r["label"] or "", Text(r["state"], STATE_STYLE.get(r["state"], "")),
                       age(r["age_s"]), str(r["files_total"]), checks_cell(r),
@@ -234,10 +236,12 @@ class _Ui:
         return t
 
     def _stuck(self) -> Any:
+        from rich import box
         from rich.table import Table
 
-        t = Table(title=f"Stuck ({len(self.snap['stuck'])})", title_justify="left",
-                  expand=True, header_style="bold dim", title_style="bold red")
+        t = Table(title=f"Stuck ({len(self.snap['stuck'])})", box=box.SIMPLE_HEAD,
+                  title_justify="left", expand=True, header_style="bold dim",
+                  title_style="bold red")
         t.add_column("TID", no_wrap=True)
         t.add_column("STATE", no_wrap=True)
         t.add_column("WHY")
@@ -246,11 +250,12 @@ class _Ui:
         return t
 
     def _recent(self, n: int) -> Any:
+        from rich import box
         from rich.table import Table
         from rich.text import Text
 
-        t = Table(title="Recently finished", title_justify="left", expand=True,
-                  header_style="bold dim", title_style="bold")
+        t = Table(title="Recently finished", box=box.SIMPLE_HEAD, title_justify="left",
+                  expand=True, header_style="bold dim", title_style="bold")
         for name in ("TID", "LABEL", "STATE", "ENDED", "FILES", "WHY"):
             t.add_column(name, no_wrap=True, overflow="ellipsis",
                          justify="right" if name == "FILES" else "left")

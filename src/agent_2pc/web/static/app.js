@@ -213,8 +213,8 @@
       h += '<h2>Files</h2>' + ((t.files || []).length ? '<div class="filelist">' + t.files.map(f => '<span class="f">' + esc(f) + "</span>").join("") + "</div>" : '<div class="empty">No file changed.</div>');
     } else {
       h += '<h2>Steps and savepoints</h2><div class="graphbox" id="graph"></div><div class="legend">' +
-        [["#58a6ff", "begin"], ["#3fb950", "stage / passed check"], ["#f85149", "delete / failed / abort"], ["#d29922", "savepoint"], ["#db6d28", "rollback"], ["#bc8cff", "API / prepare"], ["#39c5cf", "commit decision"]]
-          .map(([c, t]) => '<span><i style="background:' + c + '"></i>' + t + "</span>").join("") + "<span>dashed, faded: undone by a rollback</span></div>";
+        [["begin", "begin"], ["stage", "stage / passed check"], ["bad", "delete / failed check / abort"], ["save", "savepoint"], ["roll", "rollback"], ["api", "API call / prepare"], ["commit", "commit decision"]]
+          .map(([c, t]) => '<span><i class="lg-' + c + '"></i>' + t + "</span>").join("") + '<span><i class="lg-undone"></i>undone by a rollback</span></div>';
       h += '<h2>Staged diff <span class="count">' + (d.ok ? d.files.length + " file(s)" : "") + "</span></h2>";
       if (!d.ok) h += '<div class="banner">' + esc(d.error.message) + "</div>";
       else if (d.finished) h += '<div class="empty">The transaction is finished: its changes are ' + (t.state === "committed" ? "in the tree" : "gone") + ".</div>";
@@ -228,7 +228,7 @@
       else h += "<table><thead><tr><th>Command</th><th>Result</th><th>Exit</th><th>Time</th><th>Isolation</th><th>Log</th></tr></thead><tbody>" +
         t.checks.map((c, i) => "<tr><td class=\"mono\">" + esc(Array.isArray(c.command) ? c.command.join(" ") : c.command) + "</td><td>" +
           (c.passed ? '<span class="tag ok">passed</span>' : '<span class="tag">' + (c.timed_out ? "timed out" : "failed") + "</span>") + (c.stale ? '<span class="tag warn">stale</span>' : "") +
-          '</td><td class="num">' + esc(String(c.exit_code)) + '</td><td class="num">' + (c.duration_ms != null ? c.duration_ms + " ms" : "–") + "</td><td>" + esc(c.isolation || "") +
+          '</td><td class="num">' + esc(String(c.exit_code)) + '</td><td class="num">' + (c.duration_ms != null ? Math.round(c.duration_ms) + " ms" : "–") + "</td><td>" + esc(c.isolation || "") +
           '</td><td><details class="log" data-n="' + i + '"><summary>show</summary><pre>…</pre></details></td></tr>').join("") + "</tbody></table>";
       if ((t.runs || []).length) h += '<p class="muted">A staged view is open (a check, exec or look is running) since ' + t.runs.map(r => when(r.since)).join(", ") + ".</p>";
     }

@@ -4,7 +4,7 @@
 "use strict";
 (function () {
   const NS = "http://www.w3.org/2000/svg";
-  const COL = 86, LANE0 = 58, LANE1 = 150, LEFT = 44, MAX_STEPS = 400;
+  const COL = 90, LANE0 = 62, LANE1 = 150, LEFT = 48, MAX_STEPS = 400;
   const COLORS = {
     begin: "#58a6ff", read: "#8b949e", stage: "#3fb950", effect: "#bc8cff", check: "#3fb950",
     savepoint: "#d29922", rollback: "#db6d28", prepare: "#bc8cff", decision: "#39c5cf",
@@ -58,7 +58,7 @@
     const x = i => LEFT + i * COL;
     const y = i => lane[i] ? LANE1 : LANE0;
     const width = LEFT * 2 + Math.max(shown.length - 1, 1) * COL;
-    const height = lane.some(l => l) ? 206 : 114;
+    const height = lane.some(l => l) ? 206 : 84;
     const svg = el("svg", { width: width, height: height, viewBox: "0 0 " + width + " " + height, role: "img",
       "aria-label": "steps of the transaction" });
     const defs = el("defs", {});
@@ -82,8 +82,8 @@
       }
       if (lane[i] === 0) lastMain = i; else lastBranch = i;
       if (s.type === "rollback" && s.to !== undefined && s.to < shown.length) {
-        const x1 = x(i), y1 = y(i), x2 = x(s.to), y2 = y(s.to) + 13;
-        edges.appendChild(el("path", { d: `M${x1},${y1 - 12} C${x1},${y1 - 70} ${x2 + 30},${y2 + 40} ${x2},${y2}`,
+        const x1 = x(i), y1 = y(i), x2 = x(s.to), y2 = y(s.to) + 15;
+        edges.appendChild(el("path", { d: `M${x1},${y1 - 13} C${x1},${y2 + 10} ${x2 + 20},${y2 + 30} ${x2 + 2},${y2}`,
           stroke: "#db6d28", "stroke-width": 2, fill: "none", "marker-end": "url(#arr)" }));
         lastBranch = -1;
       }
@@ -102,8 +102,9 @@
       } else {
         g.appendChild(el("circle", { r: 10, fill: c, stroke: "#0d1117", "stroke-width": 2 }));
       }
-      g.appendChild(el("text", { y: 30, "text-anchor": "middle", fill: "#e6edf3", "font-size": 11.5, "font-weight": 600 }, s.type));
-      g.appendChild(el("text", { y: 45, "text-anchor": "middle", fill: "#8b949e", "font-size": 11 }, short(detail(s), 13)));
+      const ty = lane[i] ? 30 : -34, dy = lane[i] ? 45 : -20;  // main line: above; branch: below
+      g.appendChild(el("text", { y: ty, "text-anchor": "middle", fill: "#e6edf3", "font-size": 11.5, "font-weight": 600 }, s.type));
+      g.appendChild(el("text", { y: dy, "text-anchor": "middle", fill: "#8b949e", "font-size": 11 }, short(detail(s), 14)));
       nodes.appendChild(g);
     });
     if (steps.length > shown.length) {

@@ -62,8 +62,10 @@ def build(root: str, service: Service) -> dict[str, str]:
             tx.abort(reason="the reviewer said no")
         else:
             tx.commit()
+    paid = ""
     for i in range(3):  # API steps: fence entries with certificates
         tx = c.begin(label=f"agent-b: charge order #{1041 + i}")
+        paid = tx.tid
         tx.stage_write(f"orders/{1041 + i}.json", '{"paid": true}\n')
         tx.stage_api("POST", f"{service.url}/charges", {"amount": 1999 + i, "order": 1041 + i},
                      compensate={"method": "POST", "url": f"{service.url}/refunds",
@@ -100,13 +102,15 @@ def build(root: str, service: Service) -> dict[str, str]:
         pass
     c.begin(label="agent-c: release notes", timeout_ms=3_600_000).stage_write(
         "RELEASE.md", "## 1.5.0\n\n- parse() accepts spaces\n")
-    return {"main": main.tid, "other": other.tid}
+    return {"main": main.tid, "other": other.tid, "paid": paid}
 
 
 def shoot(page, path: str, full: bool = True) -> None:
     if full:  # the whole page in one viewport (a full-page shot repeats the sticky header)
         height = page.evaluate("() => document.documentElement.scrollHeight")
         page.set_viewport_size({"width": page.viewport_size["width"], "height": height})
+    page.evaluate("() => window.scrollTo(0, 0)")
+    page.wait_for_timeout(100)
     page.screenshot(path=path)
     print("wrote", path)
 
@@ -121,10 +125,10 @@ def top_png(root: str, browser, out: str) -> None:
                       color_system="truecolor", file=open(os.devnull, "w"))
     ui = _Ui(Monitor(root))
     console.print(ui.render(44, 150))
-    svg = os.path.join(tempfile.mkdtemp(), "top.svg")
-    console.save_svg(svg, title="agent-2pc top --watch")
+    svg = console.export_svg(title="agent-2pc top --watch")
     page = browser.new_page(viewport={"width": 1560, "height": 1060})
-    page.goto("file://" + svg)
+    page.set_content('<html><body style="margin:0;background:#0d1117">'
+                     f'<div style="width:1560px">{svg}</div></body></html>')
     page.wait_for_timeout(300)
     page.locator("svg").screenshot(path=out)
     print("wrote", out)
@@ -151,6 +155,10 @@ def main() -> None:
         page.click("details.log summary")
         page.locator("details.log pre", has_text="1 passed").wait_for()
         shoot(page, os.path.join(out, "transaction.png"))
+        page.set_viewport_size({"width": 1440, "height": 900})
+        page.goto(web.url + f"#/tx/{tids['paid']}")
+        page.wait_for_selector(".verdict.ok")
+        shoot(page, os.path.join(out, "transaction-api.png"))
         page.set_viewport_size({"width": 1440, "height": 900})
         page.goto(web.url + "#/history")
         page.wait_for_selector("#history")

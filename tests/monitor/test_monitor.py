@@ -318,3 +318,30 @@ def test_api_steps_show_their_fence_certificates_verified_and_a_tampered_one_fai
     db.close()
     [eff] = mon.transaction(tx.tid)["effects"]
     assert eff["fence"]["verified"] is False and eff["fence"]["problems"]
+
+
+def test_history_lines_repeated_by_a_crash_count_once_and_the_latest_wins(root):
+    """Compaction writes history lines before it drops the records: a crash in between
+    repeats lines. Lines in another key order are read too (parsed as JSON)."""
+    hist = os.path.join(root, ".agent-tx", "history.jsonl")
+
+    def line(i, state, label, first="tid"):
+        obj = {"tid": f"tx-20260101-000000-{i:06x}", "state": state, "label": label,
+               "ended_at": "2026-01-01T00:00:01.000Z", "files": []}
+        if first != "tid":
+            obj = {"label": label, **obj}
+        return json.dumps(obj, separators=(",", ":")) + "\n"
+
+    with open(hist, "w") as f:
+        f.write(line(1, "committed", "one") + line(2, "aborted", "two"))
+    mon = Monitor(root)
+    assert mon.snapshot()["counts"]["committed"] == 1
+    with open(hist, "a") as f:  # the same two again (a repeated compaction), then a third
+        f.write(line(1, "committed", "one again") + line(2, "aborted", "two again")
+                + line(3, "committed", "three", first="label"))
+    snap = mon.snapshot()
+    assert (snap["counts"]["committed"], snap["counts"]["aborted"]) == (2, 1)
+    assert [r["label"] for r in snap["recent"]] == ["three", "two again", "one again"]
+    page = Monitor(root).page(0, 10)
+    assert page["total"] == 3
+    assert [r["label"] for r in page["transactions"]] == ["three", "two again", "one again"]

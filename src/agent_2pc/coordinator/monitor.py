@@ -74,7 +74,7 @@ _FLOCK = struct.Struct("hh4xqqi4x")  # struct flock, as storage/locks.py packs i
 # A history line as engine.summary writes it starts with these two fields.
 # (Only a line's own object can hold '{"tid":"' unescaped: the literal prefix is searched
 # for, which is far quicker than anchoring at each line start.)
-_HISTORY_HEAD = re.compile(r'\{"tid":"([^"\\\n]+)","state":"([a-z]+)"')
+_HISTORY_HEAD = re.compile(rb'\{"tid":"([^"\\\n]+)","state":"([a-z]+)"')
 
 
 def _now_ms() -> int:
@@ -183,19 +183,18 @@ class _Stop(Exception):
 
 
 class _History:
-    """R5: history.jsonl, tailed. Keeps its lines, and per tid the index of its line and its
-    state; a line is parsed only when it is shown. Lines as engine.summary writes them (tid and
-    state first) are indexed by one regular expression over the whole read (C speed: 10k lines
-    in a few ms); any other line is parsed as JSON."""
+    """R5: history.jsonl, tailed. Keeps its bytes, and per tid its state, in the order of its
+    latest line; a line is parsed only when it is shown (found again by its tid). Lines as
+    engine.summary writes them (tid and state first) are indexed by one regular expression over
+    all that is read (C speed: 10k lines in a few ms); any other line is parsed as JSON."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.ino: int | None = None
         self.offset = 0
-        self.lines: list[bytes] = []
-        self.where: dict[str, int] = {}     # tid -> index of its line (the latest one counts)
-        self.states: dict[str, str] = {}    # tid -> its state there
-        self.interrupted: int | None = None  # the latest line with code "interrupted"
+        self.data = bytearray()
+        self.states: dict[str, str] = {}    # tid -> state, in the order of their latest line
+        self.interrupted: int | None = None  # where the latest "interrupted" abort is
         self.version = 0
         self._order: tuple[int, list[str]] | None = None
 
@@ -217,52 +216,68 @@ class _History:
         end = new.rfind(b"\n") + 1  # a line cut short by a crash is written again later
         if end == 0:
             return
+        base = len(self.data)
+        self.data += memoryview(new)[:end]
         self.offset += end
-        base = len(self.lines)
-        lines = new[:end - 1].split(b"\n")
-        self.lines += lines
-        pairs = _HISTORY_HEAD.findall(new[:end].decode("utf-8", "replace"))
-        if len(pairs) == len(lines):  # every line as summary() writes it
-            tids = [t for t, _ in pairs]
-            where = self.where
-            for tid in tids:  # the latest line of a tid counts (a crash repeats one)
-                where.pop(tid, None)
-            where.update(zip(tids, range(base, base + len(lines)), strict=True))
-            self.states.update(pairs)
+        pairs = _HISTORY_HEAD.findall(new, 0, end)
+        states = self.states
+        if len(pairs) == new.count(b"\n", 0, end):  # every line as summary() writes it
+            tids = b"\n".join(t for t, _ in pairs).decode().split("\n")
+            if not states.keys().isdisjoint(tids) or len(set(tids)) != len(tids):
+                for tid in tids:  # a tid again (a crash repeats lines): its latest counts
+                    states.pop(tid, None)
+            states.update(zip(tids, b"\n".join(s for _, s in pairs).decode().split("\n"),
+                              strict=True))
         else:
-            for i, line in enumerate(lines, base):
-                obj = _json_line(line)
-                tid, state = (obj.get("tid"), obj.get("state")) if obj else (None, None)
-                if isinstance(tid, str) and isinstance(state, str):
-                    self.where.pop(tid, None)
-                    self.where[tid] = i
-                    self.states[tid] = state
+            for line in new[:end - 1].split(b"\n"):
+                obj = _json_line(line) or {}
+                key, value = obj.get("tid"), obj.get("state")
+                if isinstance(key, str) and isinstance(value, str):
+                    states.pop(key, None)
+                    states[key] = value
         hit = new.rfind(b'"code":"interrupted"', 0, end)
         if hit != -1:
-            self.interrupted = base + new.count(b"\n", 0, hit)
+            self.interrupted = base + hit
         self.version += 1
 
-    def entry(self, tid: str) -> dict[str, Any] | None:
-        i = self.where.get(tid)
-        return None if i is None else _json_line(self.lines[i])
+    def _line_at(self, pos: int) -> dict[str, Any] | None:
+        start = self.data.rfind(b"\n", 0, pos) + 1
+        stop = self.data.find(b"\n", pos)
+        return _json_line(bytes(self.data[start:stop if stop != -1 else None]))
 
-    def line(self, i: int) -> dict[str, Any] | None:
-        return _json_line(self.lines[i]) if 0 <= i < len(self.lines) else None
+    def entry(self, tid: str) -> dict[str, Any] | None:
+        """The latest line of ``tid`` (the last one in the file), parsed."""
+        if tid not in self.states:
+            return None
+        pos = self.data.rfind(b'"tid":"' + tid.encode() + b'"')
+        return None if pos == -1 else self._line_at(pos)
+
+    def latest_interrupted(self) -> dict[str, Any] | None:
+        return None if self.interrupted is None else self._line_at(self.interrupted)
 
     def newest_first(self) -> list[str]:
-        """Tids by their line, newest first (``where`` is in line order: a tid is inserted
-        again when a later line names it)."""
         if self._order is None or self._order[0] != self.version:
-            self._order = (self.version, list(reversed(self.where)))
+            self._order = (self.version, list(reversed(self.states)))
         return self._order[1]
 
     def page(self, offset: int, limit: int, state: str | None) -> tuple[int, list[dict[str, Any]]]:
-        """Newest first: (total matching, the entries of the page)."""
+        """Newest first: (total matching, the entries of the page). Their latest lines are in
+        the file in the same order, so each is searched for before the previous one only: a
+        page costs one pass over the file at most, however old it is."""
         tids = self.newest_first()
         if state is not None:
-            tids = [t for t in tids if self.states.get(t) == state]
-        rows = [self.entry(t) for t in tids[offset:offset + limit]]
-        return len(tids), [r for r in rows if r is not None]
+            tids = [t for t in tids if self.states[t] == state]
+        rows = []
+        before = len(self.data)
+        for tid in tids[offset:offset + limit]:
+            pos = self.data.rfind(b'"tid":"' + tid.encode() + b'"', 0, before)
+            if pos == -1:
+                continue
+            row = self._line_at(pos)
+            if row is not None:
+                rows.append(row)
+            before = pos
+        return len(tids), rows
 
 
 def _json_line(line: bytes) -> dict[str, Any] | None:
@@ -550,7 +565,7 @@ class Monitor:
                 best = {"at": iso_ms(tx.ended_ms), "kind": "rolled_back", "tid": tx.tid,
                         "reason": tx.reason, "_ms": tx.ended_ms}
         if (best is None or "tid" not in best) and self.history.interrupted is not None:
-            e = self.history.line(self.history.interrupted) or {}
+            e = self.history.latest_interrupted() or {}
             ms = _parse_iso_ms(e.get("ended_at"))
             if best is None or (ms or 0) > best["_ms"]:
                 best = {"at": e.get("ended_at"), "kind": "rolled_back", "tid": e.get("tid"),
@@ -804,7 +819,7 @@ class Monitor:
         total_hist, hist = self.history.page(hist_offset, limit - len(rows) + len(skip), state)
         rows += [_entry_row(e) for e in hist if e["tid"] not in skip][:limit - len(rows)]
         return {"total": len(log_rows) + total_hist - sum(
-            1 for t in skip if t in self.history.where), "offset": offset, "limit": limit,
+            1 for t in skip if t in self.history.states), "offset": offset, "limit": limit,
             "transactions": rows}
 
 

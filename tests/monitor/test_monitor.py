@@ -345,3 +345,18 @@ def test_history_lines_repeated_by_a_crash_count_once_and_the_latest_wins(root):
     page = Monitor(root).page(0, 10)
     assert page["total"] == 3
     assert [r["label"] for r in page["transactions"]] == ["three", "two again", "one again"]
+
+
+def test_the_cli_never_imports_rich_or_the_web_stack_on_its_hot_path(root):
+    """Every CLI call imports cli/monitor.py (the command table); rich, Starlette and uvicorn
+    load only inside top and web. monitor itself needs none of them."""
+    probe = ("import io, sys, contextlib; from agent_2pc.cli.main import main\n"
+             "for argv in (['status'], ['begin'], ['monitor']):\n"
+             "    with contextlib.redirect_stdout(io.TextIOWrapper(io.BytesIO())):\n"
+             "        main(['--root', sys.argv[1], *argv, '--json'])\n"
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('rich', 'starlette', 'uvicorn', 'anyio', 'sqlite3')))")
+    out = subprocess.run([sys.executable, "-c", probe, root], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -26,6 +26,7 @@ at the place named):
   R7 the fence     fence SqliteStore, read-only, on .agent-tx/fence.db              (_fence)
   R8 scratch       .agent-tx/tx/<tid>/: view-* directories while a run is going     (_runs)
   R9 checks        coordinator.runs.fingerprint: a check's staged content is stale  (_checks)
+  R10 tids         engine.check_tid: what a transaction id looks like                (_find)
 """
 
 from __future__ import annotations

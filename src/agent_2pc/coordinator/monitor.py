@@ -104,7 +104,7 @@ class _WalTail:
         self.txs, self.recs, self._size_seen, self._crc = {}, {}, -1, 0
         self.version += 1
 
-    def poll(self) -> None:
+    def poll(self, settle: int = 3) -> None:
         if self.fd is not None:
             st = os.fstat(self.fd)
             if st.st_nlink == 0 or st.st_size < self.offset:  # compaction replaced it
@@ -129,7 +129,10 @@ class _WalTail:
             # An append in flight looks torn for an instant: look again before saying so.
             time.sleep(TORN_SETTLE_S)
             if os.fstat(self.fd).st_size != size:
-                return self.poll()
+                if settle > 0:
+                    return self.poll(settle - 1)
+                decoded.damage = None  # still growing: the good frames now, the rest later
+                size = self.offset + decoded.end
         self._size_seen = size
         start = self.offset
         try:

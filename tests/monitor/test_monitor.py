@@ -385,3 +385,13 @@ def test_a_monitor_polling_while_writers_commit_and_compact_never_reports_damage
     assert not seen & {"corrupt_wal", "torn_tail", "torn_tail_cut"}, seen
     assert live.snapshot()["counts"]["committed"] == 120
     assert Monitor(root).snapshot()["counts"]["committed"] == 120
+
+
+def test_a_monitor_dropped_without_close_leaks_no_descriptor(root, client):
+    """A server or a test that makes monitors and drops them must not run out of file
+    descriptors (past 1024, select() fails elsewhere in the process)."""
+    client.begin().stage_write("a.txt", "a\n")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(300):
+        Monitor(root).snapshot()
+    assert len(os.listdir("/proc/self/fd")) - before < 5

@@ -9,6 +9,8 @@ import json
 import os
 import re
 import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -187,3 +189,13 @@ def test_ten_thousand_finished_transactions_are_paginated(root):
         assert elapsed < 2.0, elapsed
         bad = httpx.get(web.api("/api/history?limit=100000"))
         assert bad.status_code == 400 and bad.json()["error"]["code"] == "usage"
+
+
+def test_without_the_monitor_extra_web_says_what_to_install(root):
+    probe = ("import sys; sys.modules['uvicorn'] = None\n"
+             "from agent_2pc.cli.main import main\n"
+             "sys.exit(main(['--root', sys.argv[1], 'web', '--port', '0']))")
+    proc = subprocess.run([sys.executable, "-c", probe, root], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "agent-2pc[monitor]" in proc.stderr and "[dependency_missing]" in proc.stderr

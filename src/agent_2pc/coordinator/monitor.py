@@ -181,6 +181,9 @@ class _WalTail:
             os.close(self.fd)
             self.fd = None
 
+    def __del__(self) -> None:
+        self.close()
+
 
 class _Stop(Exception):
     """A record the fold refuses: the log is corrupt from there on."""
@@ -314,6 +317,16 @@ class Monitor:
         if self._locks_fd is not None:
             os.close(self._locks_fd)
             self._locks_fd = None
+
+    def __del__(self) -> None:  # a monitor dropped unclosed leaks no descriptor
+        if getattr(self, "_locks_fd", None) is not None:
+            self.close()
+
+    def __enter__(self) -> "Monitor":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- reading -----------------------------------------------------------------------------
 

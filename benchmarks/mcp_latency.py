@@ -11,7 +11,11 @@
    with a heartbeat, commit; SQLite store in .agent-tx/). The added latency is the difference of
    the medians. Also: a replayed duplicate, and a read-only tool passed through unfenced.
 
-Both sides use the initialize handshake (protocol 2025-11-25), as Claude Code does.
+Each is measured twice: with the client on the initialize handshake (protocol 2025-11-25, as
+Claude Code does; ``server`` and ``wrap``, the figures compared across versions), and with the
+SDK's ``Client`` at its defaults (``mode="auto"``: protocol 2026-07-28 with agent-2pc;
+``server_sdk_default``, ``wrap_sdk_default``). The downstream server speaks the handshake
+(2025-11-25) to both the direct client and the proxy.
 
 Targets (issue 5): staging overhead over the no-op <= 1 ms p50; ``wrap`` adds <= 2 ms p50 on
 the SQLite store.
@@ -44,7 +48,7 @@ def _params(python: str, env: dict[str, str], args: list[str], cwd: str) -> Any:
     return StdioServerParameters(command=python, args=args, env=env, cwd=cwd)
 
 
-async def bench_server(python: str, env: dict[str, str], root: str, calls: int
+async def bench_server(python: str, env: dict[str, str], root: str, calls: int, mode: str
                        ) -> dict[str, Any]:
     from mcp import Client
 
@@ -52,7 +56,8 @@ async def bench_server(python: str, env: dict[str, str], root: str, calls: int
                      ["-m", "agent_2pc", "--root", root, "mcp"], root)
     write_s: list[float] = []
     noop_s: list[float] = []
-    async with Client(params, mode="legacy", cache=None) as c:
+    async with Client(params, mode=mode, cache=None) as c:
+        protocol = c.protocol_version
         async def begin() -> str:
             res = await c.call_tool("agent_2pc_begin", {"label": "mcp latency"})
             return str(res.structured_content["tid"])
@@ -81,13 +86,14 @@ async def bench_server(python: str, env: dict[str, str], root: str, calls: int
         await c.call_tool("agent_2pc_abort", {"tid": tid})
     write, noop = C.latency_ms(write_s), C.latency_ms(noop_s)
     overhead = C.r3(write["p50"] - noop["p50"])
-    return {"stage_write_ms": write, "noop_ms": noop, "staging_overhead_p50_ms": overhead,
+    return {"protocol": protocol,
+            "stage_write_ms": write, "noop_ms": noop, "staging_overhead_p50_ms": overhead,
             "target_staging_overhead_p50_ms": TARGET_STAGING_OVERHEAD_MS,
             "staging_target_met": overhead <= TARGET_STAGING_OVERHEAD_MS}
 
 
-async def bench_wrap(python: str, env: dict[str, str], root: str, effects: str, calls: int
-                     ) -> dict[str, Any]:
+async def bench_wrap(python: str, env: dict[str, str], root: str, effects: str, calls: int,
+                     mode: str) -> dict[str, Any]:
     from mcp import Client
 
     down_env = {**env, "DOWNSTREAM_EFFECTS": effects}
@@ -99,8 +105,9 @@ async def bench_wrap(python: str, env: dict[str, str], root: str, effects: str, 
     replay_s: list[float] = []
     passthrough_s: list[float] = []
     direct_ro_s: list[float] = []
-    async with Client(direct_p, mode="legacy", cache=None) as direct, \
-            Client(wrap_p, mode="legacy", cache=None) as wrapped:
+    async with Client(direct_p, mode=mode, cache=None) as direct, \
+            Client(wrap_p, mode=mode, cache=None) as wrapped:
+        protocols = {"direct": direct.protocol_version, "wrapped": wrapped.protocol_version}
         for i in range(WARMUP_CALLS + calls):
             order = ((direct, direct_s), (wrapped, wrapped_s))
             for client, samples in (order if i % 2 else order[::-1]):
@@ -128,7 +135,8 @@ async def bench_wrap(python: str, env: dict[str, str], root: str, effects: str, 
     d, w = C.latency_ms(direct_s), C.latency_ms(wrapped_s)
     added = C.r3(w["p50"] - d["p50"])
     ro_d, ro_w = C.latency_ms(direct_ro_s), C.latency_ms(passthrough_s)
-    return {"direct_ms": d, "wrapped_ms": w, "added_p50_ms": added,
+    return {"protocol": protocols,
+            "direct_ms": d, "wrapped_ms": w, "added_p50_ms": added,
             # the hop alone (no fence): what the proxy costs a call before the fence's share
             "read_only_added_p50_ms": C.r3(ro_w["p50"] - ro_d["p50"]),
             "target_added_p50_ms": TARGET_WRAP_ADDED_MS,
@@ -152,26 +160,31 @@ def main() -> None:
     python = C.venv_python()
     env = C.bytecode_env(python)
     C.warm_bytecode(python, env)
+    result: dict[str, Any] = {"benchmark": "mcp_latency", "smoke": opts.smoke, "calls": calls}
     with C.BenchDir("mcp") as d:
-        root = os.path.join(d.path, "repo")
-        os.makedirs(root)
-        subprocess.run(["git", "init", "-q", root], check=True)
         from agent_2pc import Agent2PC
 
-        Agent2PC.init(root)
-        C.log(f"mcp latency: {calls} calls of each kind in {root}")
-        server = anyio.run(bench_server, python, env, root, calls)
-        C.log(f"  stage_write over no-op: {server['staging_overhead_p50_ms']} ms p50")
-        wrap = anyio.run(bench_wrap, python, env, root, os.path.join(d.path, "effects.jsonl"),
-                         calls)
-        C.log(f"  wrap adds: {wrap['added_p50_ms']} ms p50")
-        result = {"benchmark": "mcp_latency", "smoke": opts.smoke, "calls": calls,
-                  "server": server, "wrap": wrap,
-                  "targets_met": server["staging_target_met"] and wrap["wrap_target_met"],
-                  "dir": d.describe(probe=not opts.smoke), "machine": C.machine()}
-    if wrap["downstream_executions"] != wrap["expected_executions"]:
-        raise SystemExit(f"the downstream ran {wrap['downstream_executions']} times, expected "
-                         f"{wrap['expected_executions']}: {result}")
+        for suffix, mode in (("", "legacy"), ("_sdk_default", "auto")):
+            root = os.path.join(d.path, "repo" + suffix)
+            os.makedirs(root)
+            subprocess.run(["git", "init", "-q", root], check=True)
+            Agent2PC.init(root)
+            C.log(f"mcp latency ({mode}): {calls} calls of each kind in {root}")
+            server = anyio.run(bench_server, python, env, root, calls, mode)
+            C.log(f"  stage_write over no-op: {server['staging_overhead_p50_ms']} ms p50 "
+                  f"({server['protocol']})")
+            wrap = anyio.run(bench_wrap, python, env, root,
+                             os.path.join(d.path, f"effects{suffix}.jsonl"), calls, mode)
+            C.log(f"  wrap adds: {wrap['added_p50_ms']} ms p50 ({wrap['protocol']})")
+            if wrap["downstream_executions"] != wrap["expected_executions"]:
+                raise SystemExit(f"the downstream ran {wrap['downstream_executions']} times, "
+                                 f"expected {wrap['expected_executions']}: {wrap}")
+            result["server" + suffix], result["wrap" + suffix] = server, wrap
+        result["targets_met"] = all(result[k]["staging_target_met"] for k in
+                                    ("server", "server_sdk_default")) and \
+            all(result[k]["wrap_target_met"] for k in ("wrap", "wrap_sdk_default"))
+        result["dir"] = d.describe(probe=not opts.smoke)
+        result["machine"] = C.machine()
     C.emit(result)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
 import time
@@ -652,3 +653,212 @@ def test_an_input_file_that_is_a_directory_is_bad_input_and_changes_nothing(worl
     out = parse_one_object(proc)
     assert out["ok"] is False and out["error"]["code"] in ("usage", "not_a_file"), out
     assert snapshot() == before
+
+
+# -- modes: permission bits only -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["4755", "2755", "1777", "7777", "04755", "6644"])
+def test_setuid_setgid_or_sticky_mode_is_refused_with_usage_and_changes_nothing(
+        world, cli, snapshot, mode):
+    before = snapshot()
+    out = assert_refused(cli("stage-write", "--tid", world.tid, "--path", "s.sh",
+                             "--content", "#!/bin/sh\n", "--mode", mode), "usage")
+    assert "setuid" in out["error"]["message"], out
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("mode", [0o4755, 0o2755, 0o1777, True, False, -1, 0o10000, "0755",
+                                  7.0])
+def test_the_library_takes_permission_bits_only(world, client, snapshot, mode):
+    before = snapshot()
+    tx = client.get(world.tid)
+    with pytest.raises(Agent2PCError) as info:
+        tx.stage_write("s.sh", "#!/bin/sh\n", mode=mode)
+    assert info.value.code == "usage"
+    assert snapshot() == before
+
+
+def test_exec_stages_permission_bits_only_of_what_the_command_made(world, cli):
+    status, out = cli("exec", "--tid", world.tid, "--json", "--", "sh", "-c",
+                      "echo x > suid.sh && chmod 4755 suid.sh && mkdir shared && "
+                      "chmod 3777 shared && echo y > a.txt && chmod 2640 a.txt")
+    assert status == 0, out
+    modes = {c["path"]: c.get("mode") for c in out["captured"]}
+    assert (modes["suid.sh"], modes["shared"], modes["a.txt"]) == (0o755, 0o777, 0o640), \
+        "the capture reports the modes as staged"
+    assert cli("commit", "--tid", world.tid)[0] == 0
+    assert stat.S_IMODE(os.stat(os.path.join(world.root, "suid.sh")).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(os.path.join(world.root, "a.txt")).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(os.path.join(world.root, "shared")).st_mode) == 0o777
+
+
+# -- paths the file system cannot look up ------------------------------------------------------
+
+LONG_NAME = "n" * 256
+
+
+@pytest.mark.parametrize("kind", PATH_KINDS)
+@pytest.mark.parametrize("path", [LONG_NAME, f"src/{LONG_NAME}/x.txt",
+                                  f"dir_out/../src/{LONG_NAME}", "\u00e9" * 128 + ".txt"],
+                         ids=["top", "parent", "through-a-link", "multibyte"])
+def test_a_name_longer_than_255_bytes_is_usage_and_changes_nothing(world, cli, snapshot, kind,
+                                                                   path):
+    before = snapshot()
+    assert_refused(cli(*path_cmd(kind, world.tid, path)), "usage")
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("kind", PATH_KINDS)
+@pytest.mark.parametrize("path", ["loop_a", "loop_a/x.txt", "self", "self/x", "./loop_b"])
+def test_a_path_through_a_loop_of_links_is_not_a_file_and_changes_nothing(world, cli, snapshot,
+                                                                          kind, path):
+    os.symlink("loop_b", os.path.join(world.root, "loop_a"))
+    os.symlink("loop_a", os.path.join(world.root, "loop_b"))
+    os.symlink("self", os.path.join(world.root, "self"))
+    before = snapshot()
+    assert_refused(cli(*path_cmd(kind, world.tid, path)), "not_a_file")
+    assert snapshot() == before
+
+
+def test_a_patch_naming_a_loop_or_a_long_name_is_refused_and_changes_nothing(world, cli,
+                                                                            snapshot):
+    os.symlink("loop", os.path.join(world.root, "loop"))
+    before = snapshot()
+    for name, code in (("loop/f.txt", "not_a_file"), (LONG_NAME, "usage")):
+        patch = f"--- /dev/null\n+++ b/{name}\n@@ -0,0 +1 @@\n+x\n"
+        assert_refused(cli("stage-patch", "--tid", world.tid, "--stdin", input=patch), code)
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("path", ["caf\udce9.txt", "\ud800", "a\u0000b"])
+def test_a_path_that_is_not_text_is_usage_in_the_library(world, client, snapshot, path):
+    before = snapshot()
+    tx = client.get(world.tid)
+    for call in (lambda: tx.stage_write(path, "x"), lambda: tx.stage_delete(path),
+                 lambda: tx.record_read(path)):
+        with pytest.raises(Agent2PCError) as info:
+            call()
+        assert info.value.code == "usage"
+    assert snapshot() == before
+
+
+def _nested(depth):
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_text_the_log_cannot_hold_is_usage_in_the_library(world, client, snapshot):
+    before = snapshot()
+    tx = client.get(world.tid)
+    calls = [lambda: tx.stage_write("a.txt", "caf\udce9"),
+             lambda: tx.stage_cmd("echo caf\udce9"),
+             lambda: tx.stage_cmd("echo a\u0000b"),
+             lambda: tx.stage_cmd("true", env={"A": "\udce9"}),
+             lambda: tx.stage_cmd("true", promote=["*\udce9"]),
+             lambda: tx.stage_api("POST", "http://example.com/", {"k": "\ud800"}),
+             lambda: tx.stage_api("POST", "http://example.com/\udce9"),
+             lambda: tx.stage_api("POST", "http://example.com/", _nested(100)),
+             lambda: tx.stage_api("POST", "http://example.com/", _nested(5000))]
+    for call in calls:
+        with pytest.raises(Agent2PCError) as info:
+            call()
+        assert info.value.code == "usage"
+    assert snapshot() == before
+
+
+def test_a_name_that_is_not_utf8_made_by_exec_stages_nothing_with_usage(world, cli_raw,
+                                                                        snapshot):
+    before = snapshot()
+    for script in ('open(b"caf\\xe9.txt", "wb").write(b"x"); open("fine.txt", "w")',
+                   'import os; os.symlink(b"caf\\xe9", "lnk"); open("fine.txt", "w")',
+                   'import os; os.mkdir(b"d\\xe9"); open("fine.txt", "w")'):
+        proc = cli_raw("exec", "--tid", world.tid, "--json", "--", sys.executable, "-c", script)
+        assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-600:])
+        out = parse_one_object(proc)
+        assert out["error"]["code"] == "usage" and "UTF-8" in out["error"]["message"], out
+    assert snapshot() == before, "something of the capture was staged"
+
+
+def test_a_begin_timeout_past_30_days_is_usage(world, cli, snapshot):
+    before = snapshot()
+    for value in (str(10 ** 20), str(31 * 24 * 3600 * 1000)):
+        assert_refused(cli("begin", "--timeout-ms", value), "usage")
+    assert snapshot() == before
+
+
+# -- JSON options and files: bounded ---------------------------------------------------------
+
+DEEP = "[" * 100_000 + "]" * 100_000
+FENCE_JSON_OPTIONS = [
+    (["fence", "prepare", "--intent", "i", "--args-file", "{f}"], "usage"),
+    (["fence", "prepare", "--request-file", "{f}"], "usage"),
+    (["fence", "reconcile", "--intent", "i", "--action", "done", "--result-file", "{f}"],
+     "usage"),
+    (["fence", "verify", "--cert-file", "{f}"], "usage"),
+    # A ticket that is not JSON is malformed: stale_lease (CONTRACT.md, the fence), exit 1.
+    (["fence", "commit", "--ticket-file", "{f}"], "stale_lease"),
+    (["fence", "abort", "--ticket-file", "{f}"], "stale_lease"),
+    (["fence", "heartbeat", "--ticket-file", "{f}"], "stale_lease"),
+]
+
+
+@pytest.mark.parametrize("content", [DEEP, "[" * 65 + "]" * 65, b"\xff\xfe[1]", '{"a": NaN}',
+                                     "[1e999]", '"\\udce9"'],
+                         ids=["nested-100k", "nested-65", "not-utf8", "nan", "infinity",
+                              "lone-surrogate"])
+@pytest.mark.parametrize("args, code", FENCE_JSON_OPTIONS,
+                         ids=[a[1] + "-" + a[-2].lstrip("-") for a, _ in FENCE_JSON_OPTIONS])
+def test_json_files_are_loaded_within_bounds_with_one_json_answer(world, cli_raw, tmp_path,
+                                                                  args, code, content):
+    f = tmp_path / "value.json"
+    f.write_bytes(content.encode() if isinstance(content, str) else content)
+    store = f"sqlite:///{tmp_path}/fence.db"
+    proc = cli_raw(*[a.replace("{f}", str(f)) for a in args], "--store", store, json=True)
+    out = parse_one_object(proc)
+    assert out["error"]["code"] == code, out
+    assert proc.returncode == (1 if code == "stale_lease" else 2), (proc.returncode, out)
+
+
+@pytest.mark.parametrize("args", [
+    ["fence", "prepare", "--intent", "i", "--args", "[" * 5000 + "]" * 5000],
+    ["fence", "prepare", "--intent", "i", "--read-set", "[" * 5000 + "]" * 5000],
+    ["stage-api", "--tid", "{tid}", "--method", "POST", "--url", "http://example.com/",
+     "--body", "[" * 5000 + "]" * 5000],
+    ["stage-api", "--tid", "{tid}", "--method", "POST", "--url", "http://example.com/",
+     "--body", "[" * 200 + "]" * 200],
+    ["stage-api", "--tid", "{tid}", "--method", "POST", "--url", "http://example.com/",
+     "--body", '["\\udce9"]'],
+], ids=["args", "read-set", "body-5000", "body-200", "body-surrogate"])
+def test_json_option_values_are_loaded_within_bounds(world, cli_raw, snapshot, tmp_path, args):
+    before = snapshot()
+    args = [a.replace("{tid}", world.tid) for a in args]
+    proc = cli_raw(*args, "--store", f"sqlite:///{tmp_path}/fence.db", json=True) \
+        if args[0] == "fence" else cli_raw(*args, json=True)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-600:])
+    assert parse_one_object(proc)["error"]["code"] == "usage"
+    assert snapshot() == before
+
+
+
+def test_a_log_record_nested_past_the_parser_is_corrupt_wal_not_a_traceback(root, cli_raw):
+    """A workspace's files are input too (a cloned repository may carry .agent-tx/): a record
+    with a valid CRC whose JSON is nested too deep for the parser is a damaged record."""
+    import struct
+    import zlib
+
+    def frame(payload: bytes) -> bytes:
+        return struct.pack("<4sBII", b"A2PC", 1, len(payload), zlib.crc32(payload)) + payload
+
+    with open(os.path.join(root, ".agent-tx", "history.jsonl"), "ab") as f:
+        f.write(b"[" * 5000 + b"\n")  # a line that does not parse is skipped, as a torn one
+    proc = cli_raw("list", json=True)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-600:])
+    deep = b'{"type":"begin","tid":"tx-x","ts":1,"a":' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with open(os.path.join(root, ".agent-tx", "wal.bin"), "ab") as f:
+        f.write(frame(deep) + frame(b'{"type":"abort","tid":"tx-y","ts":2}'))
+    proc = cli_raw("status", json=True)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-600:])
+    assert parse_one_object(proc)["error"]["code"] == "corrupt_wal"

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 
 import pytest
-from conftest import read, write
+from conftest import parse_one_object, read, write
 
 from agent_2pc import Agent2PCError
 
@@ -180,3 +181,380 @@ def test_run_batch_through_the_library_takes_a_dict(tree, client):
     with pytest.raises(Agent2PCError) as info:
         client.run_batch({"steps": []})
     assert info.value.code == "invalid_manifest"
+
+
+# -- the manifest of the product's documentation, verbatim ------------------------------------
+
+# Copied byte for byte from ../shared/reference/product-agent-2pc.txt ("run-batch"); the test
+# below checks it against that file when the file is at hand.
+REFERENCE_MANIFEST = """{
+"timeout_ms": 30000,
+"steps": [
+{
+"participant_id": "fs_route",
+"intent": {
+"type": "fs_write",
+"path": "src/routes/user.rs",
+"content": "// User Route Handlers",
+"create_dirs": true
+}
+},
+{
+"participant_id": "cmd_test",
+"intent": {
+"type": "command",
+"command": "cargo test --test user_test",
+"working_dir": ".",
+"env": {}
+}
+}
+]
+}"""
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REFERENCE_CANDIDATES = [os.path.join(up, "shared", "reference", "product-agent-2pc.txt")
+                         for up in (os.path.dirname(os.path.dirname(_HERE)),
+                                    os.path.dirname(os.path.dirname(os.path.dirname(_HERE))))]
+
+
+def test_the_manifest_here_is_the_reference_s_byte_for_byte():
+    found = [p for p in _REFERENCE_CANDIDATES if os.path.exists(p)]
+    if not found:
+        pytest.skip("the product reference is not next to this checkout")
+    with open(found[0], encoding="utf-8") as f:
+        assert REFERENCE_MANIFEST in f.read()
+
+
+RUST_LIB = {"Cargo.toml": '[package]\nname = "userapp"\nversion = "0.1.0"\nedition = "2021"\n',
+            "src/lib.rs": "pub mod routes;\n", "src/routes.rs": "pub mod user;\n"}
+# tests/user_test.rs: compiles only when src/routes/user.rs is there (src/routes.rs names it),
+# and passes when it holds the route handlers' comment (passing) or a function (failing).
+USER_TEST_RS = ('#[test]\nfn user_routes_are_there() {{\n'
+                '    let src = std::fs::read_to_string("src/routes/user.rs").unwrap();\n'
+                '    assert!(src.contains("{want}"), "src/routes/user.rs lacks {want}");\n}}\n')
+# The stand-in for hosts without cargo: `cargo test --test NAME` runs tests/NAME.sh.
+CARGO_STAND_IN = '#!/bin/sh\n[ "$1 $2" = "test --test" ] || exit 64\nexec sh "tests/$3.sh"\n'
+USER_TEST_SH = 'grep -q "{want}" src/routes/user.rs\n'
+
+
+@pytest.fixture(params=["cargo", "stand-in"])
+def cargo_project(request, root, tmp_path):
+    """A crate whose `cargo test --test user_test` needs src/routes/user.rs: ``make(want)``
+    writes it (the test passes when user.rs contains ``want``) and returns the environment
+    for the CLI (PATH with the stand-in cargo, for the stand-in)."""
+    import shutil
+
+    real = request.param == "cargo"
+    if real and shutil.which("cargo") is None:
+        if os.environ.get("AGENT2PC_REQUIRE_CARGO"):
+            pytest.fail("cargo is not installed (AGENT2PC_REQUIRE_CARGO is set)")
+        pytest.skip("cargo is not installed; the stand-in variant runs instead")
+
+    def make(want):
+        if real:
+            for rel, text in RUST_LIB.items():
+                write(root, rel, text)
+            write(root, "tests/user_test.rs", USER_TEST_RS.format(want=want))
+            return None
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        (bin_dir / "cargo").write_text(CARGO_STAND_IN)
+        (bin_dir / "cargo").chmod(0o755)
+        write(root, "tests/user_test.sh", USER_TEST_SH.format(want=want))
+        return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+    return make
+
+
+def reference_file(tmp_path):
+    path = tmp_path / "manifest.json"
+    path.write_text(REFERENCE_MANIFEST, encoding="utf-8")
+    return path
+
+
+def test_the_documented_manifest_commits_when_its_command_passes(root, cli_raw, tmp_path,
+                                                                 cargo_project):
+    env = cargo_project("User Route Handlers")
+    proc = cli_raw("run-batch", "--file", reference_file(tmp_path), json=True, env=env)
+    out = parse_one_object(proc)
+    assert proc.returncode == 0 and out["state"] == "committed", out
+    assert out["files"] == ["src/routes/user.rs"]
+    assert [(s["participant_id"], s["type"], s["ok"]) for s in out["steps"]] == [
+        ("fs_route", "fs_write", True), ("cmd_test", "command", True)]
+    assert out["steps"][1]["result"]["exit_code"] == 0
+    assert read(root, "src/routes/user.rs") == b"// User Route Handlers"
+
+
+def test_the_documented_manifest_keeps_the_file_out_when_its_command_fails(
+        root, cli_raw, tmp_path, snapshot, cargo_project):
+    env = cargo_project("pub fn")  # user.rs holds only a comment: the test fails
+    before = snapshot()["tree"]
+    proc = cli_raw("run-batch", "--file", reference_file(tmp_path), json=True, env=env)
+    out = parse_one_object(proc)
+    assert proc.returncode == 1, out
+    assert out["state"] == "aborted" and out["error"]["code"] == "verification_failed", out
+    assert "cmd_test" in out["error"]["message"]
+    assert [(s["participant_id"], s["ok"]) for s in out["steps"]] == [
+        ("fs_route", True), ("cmd_test", False)]
+    assert not os.path.exists(os.path.join(root, "src", "routes")), "user.rs reached the tree"
+    assert snapshot()["tree"] == before
+
+
+# -- the fields of the documented shape, with their meaning ------------------------------------
+
+
+def test_create_dirs_false_refuses_a_write_whose_parent_is_not_in_the_staged_view(tree, cli,
+                                                                                  tmp_path,
+                                                                                  snapshot):
+    before = snapshot()["tree"]
+    status, out = run(cli, tmp_path, {"steps": [
+        step({"type": "fs_write", "path": "new/dir/f.txt", "content": "f", "create_dirs": False})]})
+    assert (status, out["error"]["code"], out["state"]) == (1, "not_found", "aborted"), out
+    assert "new/dir" in out["error"]["message"]
+    assert snapshot()["tree"] == before
+
+
+def test_create_dirs_false_accepts_a_parent_of_the_tree_or_of_an_earlier_step(tree, cli,
+                                                                              tmp_path):
+    write(tree, "have/x.txt", "x")
+    status, out = run(cli, tmp_path, {"steps": [
+        step({"type": "fs_write", "path": "have/f.txt", "content": "f", "create_dirs": False}),
+        step({"type": "fs_write", "path": "made/a.txt", "content": "a"}),
+        step({"type": "fs_write", "path": "made/b.txt", "content": "b", "create_dirs": False}),
+        step({"type": "fs_write", "path": "top.txt", "content": "t", "create_dirs": False}),
+        step({"type": "fs_write", "path": "auto/c.txt", "content": "c", "create_dirs": True})]})
+    assert status == 0 and out["state"] == "committed", out
+    assert read(tree, "made/b.txt") == b"b" and read(tree, "auto/c.txt") == b"c"
+
+
+def test_create_dirs_false_sees_a_directory_the_batch_deleted_from_as_still_there(tree, cli,
+                                                                                 tmp_path):
+    write(tree, "d/only.txt", "o")
+    status, out = run(cli, tmp_path, {"steps": [
+        step({"type": "fs_delete", "path": "d/only.txt"}),
+        step({"type": "fs_write", "path": "d/new.txt", "content": "n", "create_dirs": False})]})
+    assert status == 0, out
+    assert read(tree, "d/new.txt") == b"n"
+
+
+def test_working_dir_runs_the_command_there_in_the_staged_view(tree, cli, tmp_path):
+    write(tree, "pkg/data.txt", "tree\n")
+    status, out = run(cli, tmp_path, {"steps": [
+        step({"type": "fs_write", "path": "pkg/staged.txt", "content": "staged\n"}),
+        {"participant_id": "check", "intent": {
+            "type": "command", "working_dir": "pkg",
+            "command": 'test "$(basename "$PWD")" = pkg && cat data.txt staged.txt'}}]})
+    assert status == 0, out
+    assert out["steps"][1]["result"]["tail"] == "tree\nstaged\n"
+
+
+@pytest.mark.parametrize("working_dir, code", [
+    ("..", "path_outside_root"), ("/", "path_outside_root"), (".git", "path_forbidden"),
+    (".agent-tx", "path_forbidden"), ("a\u0000b", "invalid_manifest"), (7, "invalid_manifest"),
+])
+def test_a_working_dir_outside_the_root_is_refused_before_anything_begins(
+        tree, cli, tmp_path, snapshot, working_dir, code):
+    known = tids(cli)
+    before = snapshot()
+    status, out = run(cli, tmp_path, {"steps": [
+        {"participant_id": "c", "intent": {"type": "command", "command": "true",
+                                           "working_dir": working_dir}}]})
+    assert (status, out["error"]["code"]) == (2, code), out
+    assert out["error"]["step"] == 0 and out["error"]["field"] == "working_dir", out
+    assert snapshot() == before and tids(cli) == known
+
+
+def test_env_adds_variables_to_the_command_s_environment(tree, cli, tmp_path):
+    status, out = run(cli, tmp_path, {"steps": [{"participant_id": "c", "intent": {
+        "type": "command", "env": {"GREETING": "hello world", "EMPTY": ""},
+        "command": 'test "$GREETING" = "hello world" && test -z "$EMPTY" && '
+                   'test "${EMPTY+set}" = set && test -n "$PATH"'}}]})
+    assert status == 0, out
+
+
+def test_the_batch_s_timeout_bounds_a_command_step(tree, cli, tmp_path, snapshot):
+    import time
+
+    before = snapshot()["tree"]
+    t0 = time.monotonic()
+    status, out = run(cli, tmp_path, {"timeout_ms": 1500, "steps": [
+        step({"type": "fs_write", "path": "n.txt", "content": "n"}),
+        {"participant_id": "slow", "intent": {"type": "command", "command": "sleep 30"}}]})
+    assert time.monotonic() - t0 < 20, "the command ran past the batch's timeout_ms"
+    assert (status, out["error"]["code"], out["state"]) == (1, "timeout", "aborted"), out
+    assert snapshot()["tree"] == before
+
+
+def test_a_step_may_be_the_intent_itself_with_its_participant_id(tree, cli, tmp_path):
+    status, out = run(cli, tmp_path, {"steps": [
+        {"participant_id": "fs", "type": "fs_write", "path": "flat.txt", "content": "f"}]})
+    assert status == 0, out
+    assert out["steps"][0]["participant_id"] == "fs"
+
+
+# -- the whole manifest is checked before anything begins --------------------------------------
+
+W = {"type": "fs_write", "path": "n.txt", "content": "n"}
+C = {"type": "command", "command": "true"}
+BAD_FIELDS = [
+    # (intent, the field named)
+    ({**W, "mode": -1}, "mode"),
+    ({**W, "mode": 2 ** 70}, "mode"),
+    ({**W, "mode": "07777"}, "mode"),
+    ({**W, "mode": 0o4755}, "mode"),
+    ({**W, "mode": "2755"}, "mode"),
+    ({**W, "mode": True}, "mode"),
+    ({**W, "mode": "\u00b2"}, "mode"),
+    ({**W, "mode": "rwx"}, "mode"),
+    ({**W, "mode": 1.5}, "mode"),
+    ({"type": "fs_write", "path": "n.txt", "content_base64": "not base64!"}, "content_base64"),
+    ({"type": "fs_write", "path": "n\u0000.txt", "content": "n"}, "path"),
+    ({"type": "fs_write", "path": "a" * 300, "content": "n"}, "path"),
+    ({"type": "fs_write", "path": "", "content": "n"}, "path"),
+    ({"type": "fs_write", "path": ["n.txt"], "content": "n"}, "path"),
+    ({"type": "fs_write", "path": "n.txt", "content": 5}, "content"),
+    ({**W, "create_dirs": "true"}, "create_dirs"),
+    ({"type": "fs_delete", "path": None}, "path"),
+    ({"type": "fs_replace", "path": "a.txt", "old": "", "new": "x"}, "old"),
+    ({"type": "fs_replace", "path": "a.txt", "old": "a", "new": "x", "all": "yes"}, "all"),
+    ({**C, "timeout_ms": -5}, "timeout_ms"),
+    ({**C, "timeout_ms": 10 ** 12}, "timeout_ms"),
+    ({**C, "timeout_ms": "10"}, "timeout_ms"),
+    ({**C, "promote": "*.txt"}, "promote"),
+    ({**C, "sandbox": 1}, "sandbox"),
+    ({**C, "env": ["A=1"]}, "env"),
+    ({**C, "env": {"A": 1}}, "env"),
+    ({**C, "env": {"A=B": "1"}}, "env"),
+    ({**C, "env": {"A": "x\u0000y"}}, "env"),
+    ({"type": "command", "command": "echo a\u0000b"}, "command"),
+    ({"type": "command", "command": 42}, "command"),
+    ({"type": "exec", "argv": []}, "argv"),
+    ({"type": "exec", "argv": ["echo", "a\u0000b"]}, "argv"),
+    ({"type": "exec", "argv": ["true"], "timeout_ms": -1}, "timeout_ms"),
+    ({"type": "api", "method": "POST", "url": "http://x/", "headers": ["A: b"]}, "headers"),
+]
+
+
+@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("intent, field", BAD_FIELDS,
+                         ids=[f"{i['type']}-{f}-{n}" for n, (i, f) in enumerate(BAD_FIELDS)])
+def test_a_bad_field_in_any_step_is_invalid_manifest_naming_it_with_nothing_in_the_log(
+        tree, cli, tmp_path, snapshot, intent, field, index):
+    known = tids(cli)
+    before = snapshot()
+    steps = [step(W), step(W)]
+    steps[index] = {"participant_id": "p", "intent": intent}
+    status, out = run(cli, tmp_path, {"timeout_ms": 60000, "steps": steps})
+    assert (status, out["error"]["code"]) == (2, "invalid_manifest"), out
+    assert out["error"]["step"] == index and out["error"]["field"] == field, out
+    assert out["error"]["message"].startswith(f"step {index} (p): '{field}'"), out
+    assert snapshot() == before, "a refused manifest wrote to the log or the tree"
+    assert tids(cli) == known
+
+
+BAD_STEPS = [
+    {"type": "api", "method": "POST", "url": "ftp://example.com/"},
+    {"type": "api", "method": "TELEPORT", "url": "http://example.com/"},
+    {"type": "api", "method": "POST", "url": "http://example.com/", "idempotency_key": ""},
+    {"type": "fs_patch", "patch": "this is not a diff\n"},
+    {"type": "command", "command": "true", "network": True},
+    {"type": "fs_write", "path": "n.txt"},
+    {"type": "fs_write", "path": "n.txt", "content": "n", "content_base64": "bg=="},
+]
+
+
+@pytest.mark.parametrize("intent", BAD_STEPS, ids=[f"{i['type']}-{n}"
+                                                   for n, i in enumerate(BAD_STEPS)])
+def test_a_bad_step_is_refused_before_the_transaction_begins(tree, cli, tmp_path, snapshot,
+                                                             intent):
+    known = tids(cli)
+    before = snapshot()
+    status, out = run(cli, tmp_path, {"steps": [step(W), step(intent)]})
+    assert (status, out["error"]["code"]) == (2, "invalid_manifest"), out
+    assert out["error"]["step"] == 1 and out["error"]["message"].startswith("step 1"), out
+    assert snapshot() == before and tids(cli) == known
+
+
+@pytest.mark.parametrize("manifest, what", [
+    ({"timeout_ms": -1, "steps": [W]}, "timeout_ms"),
+    ({"timeout_ms": 10 ** 20, "steps": [W]}, "timeout_ms"),
+    ({"timeout_ms": 1.5, "steps": [W]}, "timeout_ms"),
+    ({"label": 3, "steps": [W]}, "label"),
+    ({"steps": [W], "timeout": 5}, "'timeout'"),
+    ({"steps": [{"participant_id": "p", "intent": W, "retries": 3}]}, "'retries'"),
+    ({"steps": [{"participant_id": 5, "intent": W}]}, "participant_id"),
+    ({"steps": [{"participant_id": "p", "intent": {**W, "colour": "red"}}]}, "'colour'"),
+], ids=["timeout-negative", "timeout-huge", "timeout-fraction", "label-number",
+        "unknown-top-field", "unknown-step-field", "participant-id-number",
+        "unknown-intent-field"])
+def test_unknown_or_mistyped_fields_at_every_level_are_refused_by_name(
+        tree, cli, tmp_path, snapshot, manifest, what):
+    before = snapshot()
+    status, out = run(cli, tmp_path, manifest)
+    assert (status, out["error"]["code"]) == (2, "invalid_manifest"), out
+    assert what in out["error"]["message"], out
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"steps": ' + "[" * 70 + "]" * 70 + "}",
+    '{"steps": [{"type": "fs_write", "path": "caf\\udce9.txt", "content": "x"}]}',
+    '{"steps": [{"type": "fs_write", "path": "n.txt", "content": "\\ud800"}]}',
+    '{"timeout_ms": NaN, "steps": [{"type": "fs_delete", "path": "old.txt"}]}',
+    '{"timeout_ms": 1e999, "steps": [{"type": "fs_delete", "path": "old.txt"}]}',
+], ids=["nested-100k", "nested-70", "lone-surrogate-path", "lone-surrogate-content", "nan",
+        "infinity"])
+def test_json_that_cannot_be_held_is_invalid_manifest_not_a_traceback(tree, cli, tmp_path,
+                                                                      snapshot, text):
+    known = tids(cli)
+    before = snapshot()
+    status, out = run(cli, tmp_path, text)
+    assert (status, out["error"]["code"]) == (2, "invalid_manifest"), out
+    assert snapshot() == before and tids(cli) == known
+
+
+def test_a_manifest_on_stdin_nested_deeper_than_the_bound_is_invalid_manifest(tree, cli,
+                                                                             snapshot):
+    before = snapshot()
+    status, out = cli("run-batch", "--file", "-", input="[" * 100_000 + "]" * 100_000)
+    assert (status, out["error"]["code"]) == (2, "invalid_manifest"), out
+    assert snapshot() == before
+
+
+def test_a_path_outside_the_root_is_refused_before_anything_begins(tree, cli, tmp_path,
+                                                                   snapshot):
+    known = tids(cli)
+    before = snapshot()
+    status, out = run(cli, tmp_path, {"steps": [
+        step(W), {"participant_id": "esc", "intent": {"type": "fs_delete",
+                                                       "path": "../escape.txt"}}]})
+    assert (status, out["error"]["code"]) == (2, "path_outside_root"), out
+    assert out["error"]["step"] == 1 and "step 1 (esc)" in out["error"]["message"], out
+    assert snapshot() == before and tids(cli) == known
+
+
+def test_the_library_checks_a_dict_manifest_as_the_cli_does(tree, client, snapshot):
+    before = snapshot()
+    for bad in ({"steps": [{**W, "mode": True}]}, {"steps": [{**W, "path": "caf\udce9"}]},
+                {"steps": [{**W, "content": b"bytes are not JSON"}]}):
+        with pytest.raises(Agent2PCError) as info:
+            client.run_batch(bad)
+        assert info.value.code == "invalid_manifest", bad
+    assert snapshot() == before
+
+
+def test_a_check_s_working_dir_and_env_hold_when_it_runs_again_at_commit(tree, cli):
+    write(tree, "sub/f.txt", "f\n")
+    status, out = cli("begin")
+    tid = out["tid"]
+    check = ["stage-cmd", "--tid", tid, "--working-dir", "sub", "--env", "WANT=g.txt",
+             "--command", 'test -f f.txt && test -f "$WANT"']
+    assert cli("stage-write", "--tid", tid, "--path", "sub/g.txt", "--content", "1")[0] == 0
+    status, out = cli(*check)
+    assert status == 0, out
+    # New staged content: the commit runs the check again, in sub/ with WANT set.
+    assert cli("stage-write", "--tid", tid, "--path", "sub/g.txt", "--content", "2")[0] == 0
+    status, out = cli("commit", "--tid", tid)
+    assert status == 0, out
+    assert read(tree, "sub/g.txt") == b"2"

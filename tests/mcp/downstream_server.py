@@ -3,13 +3,16 @@
 Plain stdio JSON-RPC with the standard library only (the ``initialize`` handshake era): it starts
 in a few milliseconds, where one on the SDK takes a second, and it shows that the proxy fronts
 any MCP server, not only the SDK's. Each ``tools/call`` runs in its own thread, so a hanging call
-does not block the others.
+does not block the others. It answers the revision its client asks for, or
+``$DOWNSTREAM_PROTOCOL`` whatever the client asks (to test a client that gets an older
+revision than it asked for). ``server/discover`` (2026-07-28) is an unknown method here, as on
+any server of the handshake era. sdk_downstream.py is the 2026-07-28 counterpart.
 
 Every side-effecting tool appends one JSON line to ``$DOWNSTREAM_EFFECTS`` (fsynced) *before* it
 answers: the number of lines is the number of real executions, counted by the server itself, not
-by the fence. A line holds the tool, the raw arguments and the ``_meta`` keys the call arrived
+by the fence. A line holds the tool, the raw arguments, the ``_meta`` keys the call arrived
 with (the protocol's own ``io.modelcontextprotocol/*`` and ``progressToken`` left out), so that a
-test can check what the proxy passed on.
+test can check what the proxy passed on, and the protocol revision of the connection.
 
 Tools
   charge(amount, note?)   side effect after sleeping $DOWNSTREAM_SLEEP_S (default 0.2), so that
@@ -17,6 +20,8 @@ Tools
   noop(n?)                side effect, no sleep (the benchmark's call)
   count()                 read-only: {"lines": N}
   flaky(label)            answers isError the first time for a label (no effect), then works
+  plain(text)             side effect; answers text content only (no structured content)
+  tagged(tag)             side effect; its result carries _meta {"example.com/tag": tag}
   crash()                 appends its line, then the process dies (exit 3) without answering
   hang()                  appends its line, then never answers
   reject(x)               a JSON-RPC error (invalid params) instead of a result; no effect
@@ -34,6 +39,9 @@ import time
 EFFECTS = os.environ.get("DOWNSTREAM_EFFECTS", os.devnull)
 SLEEP_S = float(os.environ.get("DOWNSTREAM_SLEEP_S", "0.2"))
 PROTOCOL_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+FORCED = os.environ.get("DOWNSTREAM_PROTOCOL")
+assert FORCED in (None, *PROTOCOL_VERSIONS), FORCED
+protocol = ""  # the connection's revision, once initialized
 
 _out_lock = threading.Lock()
 _effects_lock = threading.Lock()
@@ -50,7 +58,8 @@ def send(message: dict) -> None:
 def effect(tool: str, args: dict, meta: dict) -> int:
     keys = sorted(k for k in meta if not k.startswith("io.modelcontextprotocol/")
                   and k != "progressToken")
-    line = json.dumps({"tool": tool, "args": args, "meta": keys, "pid": os.getpid()})
+    line = json.dumps({"tool": tool, "args": args, "meta": keys, "pid": os.getpid(),
+                       "protocol": protocol})
     with _effects_lock:
         with open(EFFECTS, "a") as f:
             f.write(line + "\n")
@@ -85,6 +94,8 @@ TOOLS = [
     tool("noop", {"n": {"type": "integer"}}),
     tool("count", {}, read_only=True),
     tool("flaky", {"label": {"type": "string"}}),
+    tool("plain", {"text": {"type": "string"}}),
+    tool("tagged", {"tag": {"type": "string"}}),
     tool("crash", {}),
     tool("hang", {}),
     tool("reject", {"x": {"type": "integer"}}),
@@ -116,6 +127,13 @@ def call(req_id: object, params: dict) -> None:
             _flaky_seen.add(label)
         result = ({"content": [{"type": "text", "text": "try again"}], "isError": True}
                   if first else ok({"n": effect(name, args, meta)}))
+    elif name == "plain":
+        effect(name, args, meta)
+        result = {"content": [{"type": "text", "text": str(args.get("text"))}]}
+    elif name == "tagged":
+        n = effect(name, args, meta)
+        result = {"content": [{"type": "text", "text": f"tagged {n}"}],
+                  "_meta": {"example.com/tag": args.get("tag")}}
     elif name == "crash":
         effect(name, args, meta)
         os._exit(3)
@@ -141,9 +159,11 @@ def handle(msg: dict) -> None:
     if req_id is None:
         return  # a notification (initialized, cancelled, ...)
     if method == "initialize":
+        global protocol
         wanted = params.get("protocolVersion")
+        protocol = FORCED or (wanted if wanted in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1])
         send({"jsonrpc": "2.0", "id": req_id, "result": {
-            "protocolVersion": wanted if wanted in PROTOCOL_VERSIONS else PROTOCOL_VERSIONS[-1],
+            "protocolVersion": protocol,
             "capabilities": {"tools": {"listChanged": False}},
             "serverInfo": {"name": "downstream-test", "version": "1.0"}}})
     elif method == "ping":

@@ -30,6 +30,10 @@ CMD_OPTS = (
     Opt("--command", required=True, metavar="C", help="the command line (run by /bin/sh -c)"),
     Opt("--timeout-ms", type=int_arg, metavar="N", help="kill it after N ms (default 10 min)"),
     Opt("--promote", MULTI, metavar="GLOB", help="stage the files it writes that match GLOB"),
+    Opt("--working-dir", metavar="DIR", help="run it in DIR of the staged view (default: the "
+        "root)"),
+    Opt("--env", MULTI, metavar="NAME=VALUE", help="add a variable to its environment "
+        "(repeatable; recorded with the check)"),
 )
 PATH = Opt("--path", required=True, metavar="PATH", help="a path relative to the root")
 
@@ -40,20 +44,6 @@ def octal_mode(value: str) -> int:
     except ValueError:
         raise UsageError(f"--mode takes an octal permission like 0644 or 0755, not {value!r}"
                          ) from None
-
-
-def _read_source(path: str) -> int:
-    """Open an input file (content, patch, manifest): a bad one is a usage error."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror}", path=path) from None
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"cannot read {path}: it is a directory", path=path)
-    return fd
 
 
 # -- runners ---------------------------------------------------------------------------------
@@ -78,7 +68,9 @@ def run_stage_write(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     if args["content"] is not None:
         return engine.stage_write(args["tid"], args["path"], args["content"].encode(
             "utf-8", "surrogateescape"), mode=args["mode"])
-    fd = 0 if args["stdin"] else _read_source(args["from_file"])
+    from .inputs import open_source
+
+    fd = 0 if args["stdin"] else open_source(args["from_file"])
     try:
         return engine.stage_write(args["tid"], args["path"], src_fd=fd, mode=args["mode"])
     finally:
@@ -95,33 +87,17 @@ def run_stage_replace(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
                                              args["new"], all=args["all"])
 
 
-def _read_text_input(args: dict[str, Any], file_key: str) -> bytes:
-    if args.get("stdin"):
-        import sys
-
-        return sys.stdin.buffer.read()
-    fd = _read_source(args[file_key])
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    finally:
-        os.close(fd)
-
-
 def run_stage_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    patch = _read_text_input(args, "patch_file")
+    from .inputs import read_input
+
+    patch = read_input("-" if args["stdin"] else args["patch_file"])
     return ctx.client().engine.stage_patch(args["tid"], patch)
 
 
 def _json_arg(flag: str, value: str | None) -> Any:
-    if value is None:
-        return None
-    import json
+    from .inputs import load_json
 
-    try:
-        return json.loads(value)
-    except ValueError as exc:
-        raise UsageError(f"{flag} is not JSON: {exc}") from None
+    return None if value is None else load_json(value, what=flag)
 
 
 def run_stage_api(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -144,11 +120,21 @@ def _limits(args: dict[str, Any]) -> dict[str, int]:
     return {name: args[name] for name in LIMIT_NAMES if args.get(name) is not None}
 
 
+def _env(items: list[str]) -> dict[str, str]:
+    env = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise UsageError(f"--env takes NAME=VALUE, not {item!r}")
+        env[name] = value
+    return env
+
+
 def run_stage_cmd(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().engine.stage_cmd(
         args["tid"], args["command"], timeout_ms=args["timeout_ms"], promote=args["promote"],
         sandbox=args.get("sandbox", False), network=args.get("network", False),
-        limits=_limits(args) or None)
+        limits=_limits(args) or None, working_dir=args["working_dir"], env=_env(args["env"]))
 
 
 def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -226,9 +212,10 @@ def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 def run_batch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     from ..coordinator.batch import run_batch as run
+    from ..core.jsonin import JSON_BYTES_MAX
+    from .inputs import read_input
 
-    source = "-" if args["file"] == "-" else args["file"]
-    data = _read_text_input({"stdin": source == "-", "file": source}, "file")
+    data = read_input(args["file"], "the manifest", JSON_BYTES_MAX)
     return run(ctx.client(), data)
 
 
@@ -322,7 +309,8 @@ def text_recover(r: dict[str, Any]) -> str:
 def text_batch(r: dict[str, Any]) -> str:
     lines = [f"{r['state']} {r['tid']}"]
     for s in r["steps"]:
-        lines.append(f"  step {s['index']}: {s['type']} {'ok' if s['ok'] else 'FAILED'}")
+        pid = f" ({s['participant_id']})" if s.get("participant_id") else ""
+        lines.append(f"  step {s['index']}{pid}: {s['type']} {'ok' if s['ok'] else 'FAILED'}")
     return "\n".join(lines)
 
 

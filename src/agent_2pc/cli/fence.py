@@ -24,51 +24,30 @@ def _float_arg(value: str) -> float:
 # -- shared helpers (run time only) ---------------------------------------------------------------
 
 
-def _json(text: str, what: str) -> Any:
-    import json
-
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{what} is not valid JSON: {exc}") from None
-
-
-def _read(path: str, what: str) -> str:
-    import sys
-
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {what} from {path}: {exc.strerror}") from None
-
-
 def _value(args: dict[str, Any], name: str, what: str, default: Any = None) -> Any:
     """A JSON value given as --NAME JSON or --NAME-file F (or the default)."""
+    from .inputs import load_json
+
     if args.get(name) is not None and args.get(name + "_file") is not None:
         raise UsageError(f"give --{name.replace('_', '-')} or --{name.replace('_', '-')}-file, "
                          "not both")
     if args.get(name) is not None:
-        return _json(args[name], what)
+        return load_json(args[name], what=what)
     if args.get(name + "_file") is not None:
-        return _json(_read(args[name + "_file"], what), what)
+        return load_json(path=args[name + "_file"], what=what)
     return default
 
 
 def _ticket(args: dict[str, Any]) -> Any:
-    """The ticket: its JSON, or a file holding it or holding the whole prepare result."""
+    """The ticket: its JSON, or a file holding it or holding the whole prepare result. A
+    ticket that is not JSON (or too deep, or not UTF-8) is malformed: stale_lease."""
     from ..errors import FenceRefusal
+    from .inputs import load_json
 
-    text = args["ticket"] if args.get("ticket") is not None else _read(args["ticket_file"],
-                                                                       "the ticket")
-    import json
+    def stale(msg: str) -> FenceRefusal:
+        return FenceRefusal(msg, code="stale_lease")
 
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        raise FenceRefusal("the ticket is not JSON", code="stale_lease") from None
+    obj = load_json(args.get("ticket"), args.get("ticket_file"), "the ticket", stale)
     if isinstance(obj, dict) and "ticket" in obj and "lease_id" not in obj:
         obj = obj["ticket"]  # the whole output of `fence prepare --json`
     return obj

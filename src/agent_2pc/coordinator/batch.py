@@ -1,175 +1,357 @@
-"""run-batch: a JSON manifest of steps run as one transaction.
+"""run-batch: a JSON manifest of steps run as one transaction (docs/cli.md has the field table).
 
     {"label": "...", "timeout_ms": 30000,
-     "steps": [{"participant_id": "fs", "intent": {"type": "fs_write", "path": "a.py",
-                                                   "content": "..."}}, ...]}
+     "steps": [{"participant_id": "fs_route",
+                "intent": {"type": "fs_write", "path": "src/a.rs", "content": "...",
+                           "create_dirs": true}},
+               {"participant_id": "cmd_test",
+                "intent": {"type": "command", "command": "cargo test", "working_dir": ".",
+                           "env": {}}}]}
 
-Step types: ``fs_write`` (path, content | content_base64, mode), ``fs_delete`` (path),
-``fs_replace`` (path, old, new, all), ``fs_patch`` (patch), ``api`` (method, url, body,
-headers, idempotency_key, compensate: an HTTP call sent exactly once at commit), ``command``
-(command, timeout_ms, promote, sandbox, network: a check in the staged view), ``exec`` (argv,
-timeout_ms: a command whose changes are staged). A step may
-also be given as the intent itself (``{"type": "fs_write", ...}``). The whole manifest is
-checked before the transaction begins, so a malformed one changes nothing; a step that fails
-aborts the transaction, and the error names the step.
+A step may also be the intent itself (``{"type": "fs_write", ...}``). ``FIELDS`` below is the
+whole shape: every field a step type takes, its check, and whether it is required; anything
+else is refused. The whole manifest is checked before the transaction begins -- types, modes,
+base64, paths (also against the root), commands, HTTP calls -- so a malformed one is
+``invalid_manifest`` (or the path's own code) naming the step and the field, and leaves nothing
+in the log. A step that fails aborts the transaction, and the error names the step.
+
+``timeout_ms`` is the whole batch's: the transaction aborts with ``timeout`` if it is not
+committed within it, and a command or exec step gets at most the time that is left.
 """
 
 from __future__ import annotations
 
-import json
+import re
+import time
 
-from ..errors import Agent2PCError, InvalidManifest, TransactionAborted
+from ..core import jsonin
+from ..errors import Agent2PCError, InputError, InvalidManifest, TransactionAborted
+from .engine import TIMEOUT_MS_MAX
+from .paths import check_path_text, resolve, resolve_dir
+from .runs import TIMEOUT_MS_DEFAULT, _glob_matcher, _timeout_s, check_env
+from .runs import _command as check_command
+from .staging import check_mode, http_call
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, Callable
 
     from .client import Agent2PC, Transaction
 
 STEPS_MAX = 10_000
-_FIELDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # step type: (required, optional)
-    "fs_write": (("path",), ("content", "content_base64", "mode")),
-    "fs_delete": (("path",), ()),
-    "fs_replace": (("path", "old", "new"), ("all",)),
-    "fs_patch": (("patch",), ()),
-    "api": (("method", "url"), ("body", "headers", "idempotency_key", "compensate")),
-    "command": (("command",), ("timeout_ms", "promote", "sandbox", "network")),
-    "exec": (("argv",), ("timeout_ms",)),
+ID_CHARS_MAX = 200
+MANIFEST_KEYS = ("label", "steps", "timeout_ms")
+STEP_KEYS = ("participant_id", "intent")
+_OCTAL = re.compile(r"[0-7]{1,8}")
+
+
+# -- field checks: each returns the value to use, or raises an InputError ---------------------
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise InvalidManifest(f"must be a string, not {_kind(value)}")
+    return value
+
+
+def _nonempty(value: Any) -> str:
+    if not _text(value):
+        raise InvalidManifest("may not be empty")
+    return value  # type: ignore[no-any-return]
+
+
+def _flag(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidManifest(f"must be true or false, not {_kind(value)}")
+    return value
+
+
+def _path(value: Any) -> str:
+    return check_path_text(_text(value), "the path")
+
+
+def _working_dir(value: Any) -> str:
+    return check_path_text(_text(value), "the working directory")
+
+
+def _base64(value: Any) -> bytes:
+    import base64
+    import binascii
+
+    try:
+        return base64.b64decode(_text(value), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise InvalidManifest(f"is not base64: {exc}") from None
+
+
+def _mode(value: Any) -> int:
+    """A number (420) or an octal string ("0644"); then the one mode check (staging.py)."""
+    if isinstance(value, str):
+        if not _OCTAL.fullmatch(value):
+            raise InvalidManifest(f"must be octal digits like \"0644\", not {value!r}")
+        value = int(value, 8)
+    elif isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidManifest(f"must be a number (420) or an octal string (\"0644\"), not "
+                              f"{_kind(value)}")
+    return check_mode(value, "the mode")  # type: ignore[return-value]
+
+
+def _timeout(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidManifest(f"must be a whole number of milliseconds, not {_kind(value)}")
+    _timeout_s(value)
+    return int(value)
+
+
+def _argv(value: Any) -> list[str]:
+    if not isinstance(value, list) or not value:
+        raise InvalidManifest("must be a non-empty list of strings")
+    return check_command(value)  # type: ignore[return-value]
+
+
+def _globs(value: Any) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidManifest("must be a list of strings")
+    _glob_matcher(value)
+    return value
+
+
+def _env(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise InvalidManifest(f"must be a JSON object of NAME: value, not {_kind(value)}")
+    return check_env(value)
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidManifest(f"must be a JSON object, not {_kind(value)}")
+    return value
+
+
+def _any(value: Any) -> Any:
+    return value
+
+
+# Every field of every step type: name -> (required, check). "type" is implied.
+FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], Any]]]] = {
+    "fs_write": {"path": (True, _path), "content": (False, _text),
+                 "content_base64": (False, _base64), "mode": (False, _mode),
+                 "create_dirs": (False, _flag)},
+    "fs_delete": {"path": (True, _path)},
+    "fs_replace": {"path": (True, _path), "old": (True, _nonempty), "new": (True, _text),
+                   "all": (False, _flag)},
+    "fs_patch": {"patch": (True, _nonempty)},
+    "command": {"command": (True, check_command), "timeout_ms": (False, _timeout),
+                "promote": (False, _globs), "sandbox": (False, _flag),
+                "network": (False, _flag), "working_dir": (False, _working_dir),
+                "env": (False, _env)},
+    "exec": {"argv": (True, _argv), "timeout_ms": (False, _timeout)},
+    "api": {"method": (True, _text), "url": (True, _text), "body": (False, _any),
+            "headers": (False, _object), "idempotency_key": (False, _text),
+            "compensate": (False, _object)},
 }
+_PATH_FIELDS = {"fs_write": "path", "fs_delete": "path", "fs_replace": "path",
+                "command": "working_dir"}
 
 
-def _bad(msg: str, index: int | None = None) -> InvalidManifest:
-    where = f"step {index}: " if index is not None else ""
-    return InvalidManifest(where + msg, step=index)
+def _kind(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a fraction", str: "a string",
+             list: "a list", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def _where(index: int | None, pid: str | None, field: str | None) -> str:
+    where = "" if index is None else f"step {index}" + (f" ({pid})" if pid else "") + ": "
+    return where + (f"'{field}': " if field else "")
+
+
+def _bad(msg: str, index: int | None = None, pid: str | None = None,
+         field: str | None = None) -> InvalidManifest:
+    details: dict[str, Any] = {"step": index}
+    if field:
+        details["field"] = field
+    return InvalidManifest(_where(index, pid, field) + msg, **details)
+
+
+# -- the manifest ------------------------------------------------------------------------------
 
 
 def parse_manifest(data: bytes | str | dict[str, Any]) -> dict[str, Any]:
-    """Check a manifest completely; return it normalized (steps as plain intents)."""
+    """Check a manifest completely (pure: no file system); return it normalized: steps as
+    ``{"index", "participant_id", "type", "intent"}``, the intent's values checked (content
+    as bytes, mode as a number)."""
     if isinstance(data, (bytes, str)):
-        try:
-            data = json.loads(data)
-        except ValueError as exc:
-            raise _bad(f"not valid JSON: {exc}") from None
+        data = jsonin.loads(data, "the manifest", _bad)
+    else:
+        jsonin.check(data, "the manifest", _bad)
     if not isinstance(data, dict):
         raise _bad("a manifest is a JSON object with a 'steps' list")
+    unknown = sorted(set(data) - set(MANIFEST_KEYS))
+    if unknown:
+        raise _bad(f"the manifest does not take {', '.join(map(repr, unknown))} (it takes "
+                   f"{', '.join(MANIFEST_KEYS)})")
     steps = data.get("steps")
     if not isinstance(steps, list) or not steps:
         raise _bad("'steps' must be a non-empty list")
     if len(steps) > STEPS_MAX:
         raise _bad(f"more than {STEPS_MAX} steps")
     timeout_ms = data.get("timeout_ms")
-    if timeout_ms is not None and (not isinstance(timeout_ms, int) or isinstance(
-            timeout_ms, bool) or timeout_ms < 0):
-        raise _bad("'timeout_ms' must be a whole number >= 0")
+    if timeout_ms is not None:
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
+                0 <= timeout_ms <= TIMEOUT_MS_MAX):
+            raise _bad(f"must be a whole number of milliseconds from 0 (none) to "
+                       f"{TIMEOUT_MS_MAX}, not {timeout_ms!r}", field="timeout_ms")
     label = data.get("label")
-    if label is not None and not isinstance(label, str):
-        raise _bad("'label' must be a string")
-    intents = [_parse_step(i, step) for i, step in enumerate(steps)]
-    return {"timeout_ms": timeout_ms, "label": label, "steps": intents}
+    if label is not None and (not isinstance(label, str) or len(label) > 200):
+        raise _bad("must be a string of at most 200 characters", field="label")
+    return {"timeout_ms": timeout_ms, "label": label,
+            "steps": [_parse_step(i, step) for i, step in enumerate(steps)]}
 
 
 def _parse_step(i: int, step: Any) -> dict[str, Any]:
     if not isinstance(step, dict):
         raise _bad("a step is a JSON object", i)
-    intent = step.get("intent", step)
-    if not isinstance(intent, dict):
-        raise _bad("'intent' must be a JSON object", i)
+    pid = step.get("participant_id")
+    if pid is not None and (not isinstance(pid, str) or not 0 < len(pid) <= ID_CHARS_MAX):
+        raise _bad(f"must be a string of 1 to {ID_CHARS_MAX} characters", i,
+                   field="participant_id")
+    if "intent" in step:
+        unknown = sorted(set(step) - set(STEP_KEYS))
+        if unknown:
+            raise _bad(f"a step takes participant_id and intent, not "
+                       f"{', '.join(map(repr, unknown))}", i, pid)
+        intent = step["intent"]
+        if not isinstance(intent, dict):
+            raise _bad("must be a JSON object", i, pid, "intent")
+    else:  # the intent itself, with perhaps its participant_id
+        intent = {k: v for k, v in step.items() if k != "participant_id"}
     kind = intent.get("type")
-    if kind not in _FIELDS:
-        raise _bad(f"unknown step type {kind!r} (known: {', '.join(_FIELDS)})", i)
-    required, optional = _FIELDS[kind]
-    for name in required:
-        if name not in intent:
-            raise _bad(f"{kind} needs {name!r}", i)
-    unknown = set(intent) - set(required) - set(optional) - {"type"}
+    if kind not in FIELDS:
+        raise _bad(f"unknown step type {kind!r} (known: {', '.join(FIELDS)})", i, pid)
+    fields = FIELDS[kind]
+    unknown = sorted(set(intent) - set(fields) - {"type"})
     if unknown:
-        raise _bad(f"{kind} does not take {', '.join(sorted(unknown))}", i)
-    for name in required + optional:
-        value = intent.get(name)
-        if name in ("all",):
-            if value is not None and not isinstance(value, bool):
-                raise _bad(f"{name!r} must be true or false", i)
-        elif name in ("body",):
-            pass  # any JSON value
-        elif name in ("sandbox", "network"):
-            if value is not None and not isinstance(value, bool):
-                raise _bad(f"{name!r} must be true or false", i)
-        elif name == "timeout_ms":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise _bad("'timeout_ms' must be a whole number", i)
-        elif name in ("promote", "argv"):
-            if value is not None and not (isinstance(value, list) and all(
-                    isinstance(v, str) for v in value)) or (name == "argv" and not value):
-                raise _bad(f"{name!r} must be a list of strings", i)
-        elif name in ("headers", "compensate"):
-            if value is not None and not isinstance(value, dict):
-                raise _bad(f"{name!r} must be a JSON object", i)
-        elif name == "mode":
-            if value is not None and not (isinstance(value, int) or (
-                    isinstance(value, str) and value.isdigit())):
-                raise _bad("'mode' is a number (420) or an octal string (\"0644\")", i)
-        elif value is not None and not isinstance(value, str):
-            raise _bad(f"{name!r} must be a string", i)
+        raise _bad(f"{kind} does not take {', '.join(map(repr, unknown))} (it takes "
+                   f"{', '.join(fields)})", i, pid)
+    out: dict[str, Any] = {"type": kind}
+    for name, (required, check) in fields.items():
+        if name not in intent:
+            if required:
+                raise _bad(f"{kind} needs {name!r}", i, pid)
+            continue
+        try:
+            out[name] = check(intent[name])
+        except InputError as exc:
+            raise _bad(exc.message, i, pid, name) from None
+    try:
+        _whole(kind, out)
+    except InputError as exc:
+        raise _bad(exc.message, i, pid) from None
+    return {"index": i, "participant_id": pid, "type": kind, "intent": out}
+
+
+def _whole(kind: str, intent: dict[str, Any]) -> None:
+    """The rules between fields of one step."""
     if kind == "fs_write" and ("content" in intent) == ("content_base64" in intent):
-        raise _bad("fs_write needs exactly one of 'content' and 'content_base64'", i)
-    return dict(intent)
+        raise InvalidManifest("fs_write needs exactly one of 'content' and 'content_base64'")
+    if kind == "command" and intent.get("network") and not intent.get("sandbox"):
+        raise InvalidManifest("'network' only makes sense with 'sandbox': true")
+    if kind == "api":
+        http_call(intent["method"], intent["url"], intent.get("body"), intent.get("headers"),
+                  intent.get("idempotency_key"), intent.get("compensate"))
+    if kind == "fs_patch":
+        from ..core.patch import parse_patch
+
+        parse_patch(intent["patch"])
 
 
-def _execute(tx: Transaction, intent: dict[str, Any]) -> dict[str, Any]:
-    kind = intent["type"]
+def _check_paths(root: str, steps: list[dict[str, Any]]) -> None:
+    """Resolve every step's path against the root before anything begins: a path outside
+    the root, in .git/ or through a loop of links is refused with its own code, naming the
+    step."""
+    for s in steps:
+        field = _PATH_FIELDS.get(s["type"])
+        if field is None or field not in s["intent"]:
+            continue
+        try:
+            (resolve_dir if field == "working_dir" else resolve)(root, s["intent"][field])
+        except InputError as exc:
+            exc.message = _where(s["index"], s["participant_id"], field) + exc.message
+            exc.args = (exc.message,)
+            exc.details.update(step=s["index"], field=field)
+            raise
+
+
+# -- running -----------------------------------------------------------------------------------
+
+
+def _execute(tx: Transaction, kind: str, intent: dict[str, Any], left_ms: int | None
+             ) -> dict[str, Any]:
     if kind == "fs_write":
-        if "content_base64" in intent:
-            import base64
-            import binascii
-
-            try:
-                data = base64.b64decode(intent["content_base64"], validate=True)
-            except (binascii.Error, ValueError) as exc:
-                raise InvalidManifest(f"content_base64 is not base64: {exc}") from None
-        else:
-            data = intent["content"].encode("utf-8")
-        mode = intent.get("mode")
-        if isinstance(mode, str):
-            mode = int(mode, 8)
-        return tx.stage_write(intent["path"], data, mode=mode)
+        data = intent["content_base64"] if "content_base64" in intent else \
+            intent["content"].encode("utf-8")
+        return tx.stage_write(intent["path"], data, mode=intent.get("mode"),
+                              create_dirs=intent.get("create_dirs", True))
     if kind == "fs_delete":
         return tx.stage_delete(intent["path"])
     if kind == "fs_replace":
         return tx.stage_replace(intent["path"], intent["old"], intent["new"],
-                                all=bool(intent.get("all")))
+                                all=intent.get("all", False))
+    if kind == "fs_patch":
+        return tx.stage_patch(intent["patch"])
     if kind == "command":
-        return tx.stage_cmd(intent["command"], intent.get("timeout_ms"), intent.get("promote"),
-                            bool(intent.get("sandbox")), bool(intent.get("network")))
+        timeout_ms = intent.get("timeout_ms")
+        if left_ms is not None:
+            timeout_ms = _within(timeout_ms or TIMEOUT_MS_DEFAULT, left_ms)
+        return tx.stage_cmd(intent["command"], timeout_ms, intent.get("promote"),
+                            intent.get("sandbox", False), intent.get("network", False),
+                            working_dir=intent.get("working_dir"), env=intent.get("env"))
     if kind == "exec":
-        return tx.exec(intent["argv"], intent.get("timeout_ms"))
-    if kind == "api":
-        return tx.stage_api(intent["method"], intent["url"], intent.get("body"),
-                            intent.get("headers"), intent.get("idempotency_key"),
-                            intent.get("compensate"))
-    assert kind == "fs_patch", kind
-    return tx.stage_patch(intent["patch"])
+        return tx.exec(intent["argv"], _within(intent.get("timeout_ms"), left_ms))
+    assert kind == "api", kind
+    return tx.stage_api(intent["method"], intent["url"], intent.get("body"),
+                        intent.get("headers"), intent.get("idempotency_key"),
+                        intent.get("compensate"))
+
+
+def _within(timeout_ms: int | None, left_ms: int | None) -> int | None:
+    """A step's timeout, cut to what is left of the batch's (None: none)."""
+    if left_ms is None:
+        return timeout_ms
+    return left_ms if timeout_ms is None else min(timeout_ms, left_ms)
 
 
 def run_batch(client: Agent2PC, manifest: bytes | str | dict[str, Any]) -> dict[str, Any]:
     m = parse_manifest(manifest)
+    _check_paths(client.root, m["steps"])
+    deadline = time.monotonic() + m["timeout_ms"] / 1000 if m["timeout_ms"] else None
     tx = client.begin(timeout_ms=m["timeout_ms"], label=m["label"])
-    steps: list[dict[str, Any]] = []
-    for i, intent in enumerate(m["steps"]):
+    done: list[dict[str, Any]] = []
+    for s in m["steps"]:
+        i, kind, pid = s["index"], s["type"], s["participant_id"]
+        row: dict[str, Any] = {"index": i, "type": kind}
+        if pid is not None:
+            row["participant_id"] = pid
+        name = f"step {i} ({pid}: {kind})" if pid else f"step {i} ({kind})"
         try:
-            result = _execute(tx, intent)
+            left_ms = None if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if left_ms is not None and left_ms <= 0:
+                raise TransactionAborted(f"the batch's timeout_ms ({m['timeout_ms']}) ran out "
+                                         "before it", code="timeout")
+            result = _execute(tx, kind, s["intent"], left_ms)
         except Agent2PCError as exc:
-            steps.append({"index": i, "type": intent["type"], "ok": False,
-                          "error": {"code": exc.code, "message": exc.message}})
+            done.append({**row, "ok": False, "error": {"code": exc.code,
+                                                       "message": exc.message}})
             if tx.state() == "active":
-                tx.abort(reason=f"step {i} ({intent['type']}) failed: {exc.message}")
+                tx.abort(reason=f"{name} failed: {exc.message}")
             raise TransactionAborted(
-                f"step {i} ({intent['type']}) failed: {exc.message}; {tx.tid} was aborted",
+                f"{name} failed: {exc.message}; {tx.tid} was aborted",
                 code=exc.code, tid=tx.tid,
-                result={"tid": tx.tid, "state": "aborted", "steps": steps}) from exc
-        steps.append({"index": i, "type": intent["type"], "ok": True, "result": result})
+                result={"tid": tx.tid, "state": "aborted", "steps": done}) from exc
+        done.append({**row, "ok": True, "result": result})
     try:
         out = tx.commit()
     except TransactionAborted as exc:
-        exc.details["result"] = {"tid": tx.tid, "state": "aborted", "steps": steps}
+        exc.details["result"] = {"tid": tx.tid, "state": "aborted", "steps": done}
         raise
-    return {"tid": tx.tid, "state": out["state"], "files": out["files"], "steps": steps}
+    return {"tid": tx.tid, "state": out["state"], "files": out["files"], "steps": done}

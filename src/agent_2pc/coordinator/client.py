@@ -97,15 +97,23 @@ class Transaction:
         """Remember ``path``'s content hash; commit aborts with ``conflict`` if it changes."""
         return self._engine.record_read(self.tid, path)["sha256"]  # type: ignore[no-any-return]
 
-    def stage_write(self, path: str, content: str | bytes, mode: int | None = None
-                    ) -> dict[str, Any]:
+    def stage_write(self, path: str, content: str | bytes, mode: int | None = None,
+                    create_dirs: bool = True) -> dict[str, Any]:
+        """Stage ``content`` at ``path``; ``mode``: permission bits (0o644, 0o755; None keeps
+        the file's); ``create_dirs=False``: the parent must already be a directory of the
+        staged view (``not_found`` otherwise)."""
         if isinstance(content, str):
-            data = content.encode("utf-8")
+            try:
+                data = content.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise UsageError(f"content is not Unicode text (a lone surrogate at "
+                                 f"{exc.start}); pass bytes") from None
         elif isinstance(content, (bytes, bytearray, memoryview)):
             data = bytes(content)
         else:
             raise UsageError(f"content must be str or bytes, not {type(content).__name__}")
-        return self._engine.stage_write(self.tid, path, data, mode=mode)
+        return self._engine.stage_write(self.tid, path, data, mode=mode,
+                                        create_dirs=create_dirs)
 
     def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes],
                          mode: int | None = None) -> dict[str, Any]:
@@ -139,14 +147,17 @@ class Transaction:
 
     def stage_cmd(self, command: str | list[str], timeout_ms: int | None = None,
                   promote: list[str] | None = None, sandbox: bool = False,
-                  network: bool = False, limits: dict[str, int] | None = None
+                  network: bool = False, limits: dict[str, int] | None = None,
+                  working_dir: str | None = None, env: dict[str, str] | None = None
                   ) -> dict[str, Any]:
         """Run a check in the staged view (the repo as it would be after commit) and record
         it: the commit runs it again if the staged content changes, and aborts with
         ``verification_failed`` if its latest run failed. A failing run raises CheckFailed
-        (the transaction stays active). Files it writes matching ``promote`` globs are staged."""
+        (the transaction stays active). Files it writes matching ``promote`` globs are staged.
+        ``working_dir`` (a directory of the staged view, default the root) is where it runs;
+        ``env`` adds variables to its environment."""
         return self._engine.stage_cmd(self.tid, command, timeout_ms, promote, sandbox, network,
-                                      limits)
+                                      limits, working_dir=working_dir, env=env)
 
     def exec(self, argv: list[str], timeout_ms: int | None = None,
              interactive: bool = False) -> dict[str, Any]:

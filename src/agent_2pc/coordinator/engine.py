@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 TID_RE = re.compile(r"tx-\d{8}-\d{6}-[0-9a-f]{6}")
 DEFAULT_TIMEOUT_MS = 24 * 3600 * 1000
+TIMEOUT_MS_MAX = 30 * 24 * 3600 * 1000  # a deadline further out is 0 (none) or a typo
 # Automatic compaction keeps the log short, so that a step costs the same with 10k finished
 # transactions in the history as in a new workspace.
 COMPACT_FINISHED_MAX = 64
@@ -227,9 +228,10 @@ class Engine(Staging, Runs):
     def begin(self, timeout_ms: int | None = None, label: str | None = None) -> dict[str, Any]:
         if timeout_ms is None:
             timeout_ms = DEFAULT_TIMEOUT_MS
-        if not isinstance(timeout_ms, int) or timeout_ms < 0:
-            raise UsageError(f"--timeout-ms must be a whole number of milliseconds >= 0 "
-                             f"(0: no timeout), not {timeout_ms!r}")
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
+                0 <= timeout_ms <= TIMEOUT_MS_MAX):
+            raise UsageError(f"--timeout-ms must be a whole number of milliseconds from 0 (no "
+                             f"timeout) to {TIMEOUT_MS_MAX} (30 days), not {timeout_ms!r}")
         if label is not None and (not isinstance(label, str) or len(label) > 200):
             raise UsageError("--label must be a string of at most 200 characters")
         while True:

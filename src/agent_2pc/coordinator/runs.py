@@ -32,7 +32,7 @@ from ..errors import (
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import sha256_bytes
-from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve
+from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve, resolve_dir
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ TIMEOUT_MS_DEFAULT = 10 * 60 * 1000
 TIMEOUT_MS_MAX = 24 * 3600 * 1000
 PROMOTE_GLOBS_MAX = 64
 COMMAND_CHARS_MAX = 64 * 1024
+ENV_VARS_MAX = 256
+ENV_VALUE_CHARS_MAX = 32 * 1024
 
 
 def fingerprint(tx: Tx) -> str:
@@ -74,11 +76,39 @@ def _command(command: Any) -> str | list[str]:
     if isinstance(command, str):
         if not command.strip() or len(command) > COMMAND_CHARS_MAX:
             raise UsageError(f"the command must be 1 to {COMMAND_CHARS_MAX} characters")
+        if "\0" in command:
+            raise UsageError("the command may not contain a NUL byte")
         return command
     if (isinstance(command, (list, tuple)) and command
             and all(isinstance(a, str) for a in command)):
+        if any("\0" in a for a in command):
+            raise UsageError("an argument may not contain a NUL byte")
         return list(command)
     raise UsageError("the command is a string (run by /bin/sh -c) or a list of arguments")
+
+
+def _recordable(value: Any, what: str) -> None:
+    """``value`` goes into the log, which is UTF-8 JSON: refuse a lone surrogate."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not UTF-8 text; a check's command and options are "
+                         "recorded as UTF-8") from None
+
+
+def check_env(env: Any) -> dict[str, str]:
+    """Variables to add to a check's environment: {NAME: value}, names without '=' or NUL."""
+    if env is None:
+        return {}
+    if not isinstance(env, dict) or len(env) > ENV_VARS_MAX:
+        raise UsageError(f"env is at most {ENV_VARS_MAX} NAME: value pairs")
+    for name, value in env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise UsageError(f"{name!r} is not an environment variable name")
+        if not isinstance(value, str) or "\0" in value or len(value) > ENV_VALUE_CHARS_MAX:
+            raise UsageError(f"the value of {name} must be a string without NUL, at most "
+                             f"{ENV_VALUE_CHARS_MAX} characters")
+    return dict(env)
 
 
 def _glob_matcher(globs: list[str]) -> Callable[[str], bool]:
@@ -149,12 +179,17 @@ class Runs:
 
     def stage_cmd(self, tid: str, command: str | list[str], timeout_ms: int | None = None,
                   promote: list[str] | None = None, sandbox: bool = False,
-                  network: bool = False, limits: dict[str, int] | None = None
+                  network: bool = False, limits: dict[str, int] | None = None,
+                  working_dir: str | None = None, env: dict[str, str] | None = None
                   ) -> dict[str, Any]:
         """Run a check in the staged view now and record it; at commit it runs again if the
         staged content changed since. A failing check raises TransactionAborted with code
-        ``verification_failed`` (or ``timeout``) and the result — the transaction stays active."""
+        ``verification_failed`` (or ``timeout``) and the result — the transaction stays active.
+        ``working_dir``: a directory of the view to run it in (default the root); ``env``:
+        variables added to its environment (recorded with the check, as its command is)."""
         command = _command(command)
+        cwd = "" if working_dir is None else resolve_dir(self.root, working_dir)
+        extra_env = check_env(env)
         timeout_s = _timeout_s(timeout_ms)
         promote = list(promote or [])
         select = _glob_matcher(promote) if promote else None
@@ -164,8 +199,14 @@ class Runs:
             from ..isolation import Limits
 
             Limits(**limits)  # a bad limit is refused before anything runs
-        options = {"timeout_ms": timeout_ms, "promote": promote, "sandbox": sandbox,
-                   "network": network, "limits": limits or {}}
+        options: dict[str, Any] = {"timeout_ms": timeout_ms, "promote": promote,
+                                   "sandbox": sandbox, "network": network,
+                                   "limits": limits or {}}
+        if cwd:  # only when given: a check's key (its identity) stays as it was without them
+            options["working_dir"] = cwd
+        if extra_env:
+            options["env"] = extra_env
+        _recordable([command, options], "the command (or a glob, or env)")
         tx = self._snapshot(tid)
         result, staged = self._run_check(tx, command, options, timeout_s, select)
         out = {**result, "promoted": staged}
@@ -207,6 +248,10 @@ class Runs:
             from ..isolation import Limits
 
             extra["limits"] = Limits(**options["limits"])
+        if options.get("working_dir"):
+            extra["cwd"] = options["working_dir"]
+        if options.get("env"):
+            extra["env"] = {**os.environ, **options["env"]}
         return view.run(command, timeout_s=timeout_s, log_path=log_path, **extra, **kw)
 
     def checks_to_run(self, tx: Tx) -> list[dict[str, Any]]:
@@ -319,6 +364,7 @@ class Runs:
         of the tree is skipped (staging it would change the link's target instead) unless the
         link itself is replaced by a directory."""
         cap = view.capture(select)
+        _names_are_text(cap.changes)
         skipped = [dict(s) for s in cap.skipped]
         staged: list[dict[str, Any]] = []
         pending: list[Pending] = []
@@ -355,7 +401,10 @@ class Runs:
                                               c.mode, pre)
                     records.append(rec)
                     puts[rel] = c.op
-                    staged.append(c.to_json())
+                    row = c.to_json()
+                    if row.get("mode") is not None:
+                        row["mode"] = rec["mode"]  # as staged: permission bits only
+                    staged.append(row)
             except BaseException:
                 for p in pending:
                     p.discard()
@@ -398,6 +447,25 @@ class Runs:
         if op is not None:
             return op.pre
         return None if below_link else self._tree_fingerprint(rel)
+
+
+def _names_are_text(changes: list[Any]) -> None:
+    """The log holds paths and link targets as UTF-8: a command that made a name of other
+    bytes stages nothing (all or nothing), and the error says which name."""
+
+    def shown(name: str) -> str:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+    for c in changes:
+        for name in (c.path, c.target):
+            try:
+                name is None or name.encode("utf-8")
+            except UnicodeEncodeError:
+                what = (f"the link '{shown(c.path)}' points to '{shown(name)}'" if name is
+                        c.target else f"the command made '{shown(name)}' ({c.op})")
+                raise UsageError(f"{what}, which is not UTF-8; agent-2pc records names as "
+                                 "UTF-8, so nothing was staged: use a UTF-8 name and run it "
+                                 "again", path=shown(c.path)) from None
 
 
 def _last_lines(result: dict[str, Any], n: int = 3) -> str:

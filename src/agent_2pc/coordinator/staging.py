@@ -23,7 +23,7 @@ from ..errors import (
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
-from .paths import resolve
+from .paths import path_error, resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -31,14 +31,22 @@ if TYPE_CHECKING:
 
 NAME_CHARS_MAX = 200
 DIFF_BYTES_MAX = 8 << 20  # larger files are summarized by size, not read for a text diff
-MODE_MAX = 0o7777
+MODE_MAX = 0o777  # permission bits only: setuid, setgid and sticky are never staged
+MODE_SPECIAL = 0o7000
 
 
-def _check_mode(mode: int | None) -> int | None:
+def check_mode(mode: object, what: str = "mode") -> int | None:
+    """The one check of a file mode, whoever gives it (CLI, library, run-batch, MCP): None, or
+    permission bits (0 to 0o777). setuid, setgid and sticky bits are refused, not stripped: a
+    transaction never makes a file that runs with its owner's rights."""
     if mode is None:
         return None
-    if not isinstance(mode, int) or not 0 <= mode <= MODE_MAX:
-        raise UsageError(f"--mode must be an octal permission like 0644 or 0755, not {mode!r}")
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode < 0 or mode > 0o7777:
+        raise UsageError(f"{what} must be permission bits like 0644 or 0755, not {mode!r}")
+    if mode & MODE_SPECIAL:
+        raise UsageError(f"{what} {mode:04o} has setuid, setgid or sticky bits "
+                         f"({mode & MODE_SPECIAL:04o}); agent-2pc stages permission bits only "
+                         f"(like {mode & MODE_MAX:04o})")
     return mode
 
 
@@ -75,6 +83,8 @@ class Staging:
             return None
         except IsADirectoryError:
             raise NotAFile(f"{rel} is a directory", path=rel) from None
+        except OSError as exc:  # a loop of links, a name too long, ... made after resolve
+            raise path_error(exc, rel) from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)
@@ -160,6 +170,20 @@ class Staging:
                 raise NotAFile(f"{rel} is a directory in this transaction ({op.path} is staged)",
                                path=rel)
 
+    def _view_has_dir(self, tx: Tx, rel_dir: str) -> bool:
+        """Is ``rel_dir`` a directory of the staged view: the root, a directory the
+        transaction made or put something below, or a directory of the tree?"""
+        if not rel_dir:
+            return True
+        op = tx.staged(rel_dir)
+        if op is not None and op.op != "delete":
+            return op.op == "mkdir"
+        below = rel_dir + "/"
+        if any(o.op != "delete" and o.path.startswith(below) and tx.staged(o.path) is o
+               for o in tx.ops):
+            return True
+        return self._tree_kind(rel_dir) == "dir"
+
     def _left_in(self, tx: Tx, rel_dir: str, puts: dict[str, str] | None) -> str | None:
         """The first path below the tree's directory ``rel_dir`` that the staged view (and
         ``puts``) still holds; None when the view has emptied it."""
@@ -190,6 +214,8 @@ class Staging:
             mode = os.lstat(os.path.join(self.root, rel)).st_mode
         except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise path_error(exc, rel) from None
         if stat.S_ISREG(mode):
             return "file"
         if stat.S_ISLNK(mode):
@@ -252,13 +278,20 @@ class Staging:
 
     def stage_write(self, tid: str, path: str, content: bytes | None = None, *,
                     src_fd: int | None = None, mode: int | None = None,
-                    via: str = "write") -> dict[str, Any]:
-        """Stage ``content`` (bytes) or everything readable from ``src_fd`` (streamed)."""
+                    via: str = "write", create_dirs: bool = True) -> dict[str, Any]:
+        """Stage ``content`` (bytes) or everything readable from ``src_fd`` (streamed).
+        Missing parent directories are made at commit, unless ``create_dirs`` is false: then
+        the parent must be a directory of the staged view (``not_found`` otherwise)."""
         assert (content is None) != (src_fd is None)
-        mode = _check_mode(mode)
+        mode = check_mode(mode)
         rel = resolve(self.root, path)
         with self.active(tid) as tx:
             self._check_placeable(tx, rel)
+            parent = rel.rpartition("/")[0]
+            if not create_dirs and not self._view_has_dir(tx, parent):
+                raise NotFound(f"{parent} is not a directory in the staged view (and "
+                               f"create_dirs is false), so {rel} cannot be written",
+                               path=rel)
             pre = self._pre(tx, rel)
             if content is not None:
                 blob = self.blobs.put_bytes(content)
@@ -284,8 +317,11 @@ class Staging:
 
     def _stage_rec(self, tid: str, rel: str, op: str, via: str, blob: str | None, size: int,
                    mode: int | None, pre: str | None) -> dict[str, Any]:
+        # Permission bits only: a mode given by a caller passed check_mode; one captured from
+        # a command (exec, promote: a file it chmod'ed u+s, a directory that inherited g+s)
+        # loses its setuid, setgid and sticky bits here.
         return self._rec("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
-                         mode=mode, pre=pre)
+                         mode=None if mode is None else mode & MODE_MAX, pre=pre)
 
     def stage_delete(self, tid: str, path: str) -> dict[str, Any]:
         rel = resolve(self.root, path)
@@ -356,7 +392,7 @@ class Staging:
                     pending.append(blob)
                     records.append(self._stage_rec(
                         tid, rel, "write", "patch", blob.digest, blob.size,
-                        None if mode is None else _check_mode(mode & MODE_MAX), pre))
+                        None if mode is None else check_mode(mode & MODE_MAX), pre))
                 files.append(rel)
             self._append_staged(records, pending)
         return {"files": files}
@@ -365,20 +401,11 @@ class Staging:
                   headers: dict[str, str] | None = None, idempotency_key: str | None = None,
                   compensate: dict[str, Any] | None = None) -> dict[str, Any]:
         """Stage a remote HTTP call, sent exactly once at commit (participants/api.py)."""
-        request = _http_request(method, url, body, headers)
-        comp = None
-        if compensate is not None:
-            if not isinstance(compensate, dict) or set(compensate) - {"method", "url", "body"}:
-                raise UsageError("a compensation is {method, url, body}")
-            if not compensate.get("method") or not compensate.get("url"):
-                raise UsageError("a compensation needs both a method and a URL")
-            comp = _http_request(compensate["method"], compensate["url"],
-                                 compensate.get("body"), headers)
+        request, comp = http_call(method, url, body, headers, idempotency_key, compensate)
         with self.active(tid) as tx:
             n = len(tx.effects)
             key = idempotency_key if idempotency_key is not None else (
                 f"a2pc-{tid}-{n}-{os.urandom(4).hex()}")
-            _check_key(key)
             self._append([self._rec("effect", tid, n=n, kind="http", request=request, key=key,
                                     compensate=comp)])
         return {"n": n, "method": request["method"], "url": request["url"],
@@ -509,9 +536,30 @@ BODY_BYTES_MAX = 1 << 20
 HEADERS_MAX = 64
 
 
+def http_call(method: Any, url: Any, body: Any = None, headers: Any = None,
+              idempotency_key: Any = None, compensate: Any = None
+              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Check a staged HTTP call and its compensation completely (a bad one is refused before
+    anything is logged): (request, compensation or None)."""
+    if idempotency_key is not None:
+        _check_key(idempotency_key)
+    if headers is not None and not isinstance(headers, dict):
+        raise UsageError("the headers are a JSON object of name: value")
+    request = _http_request(method, url, body, headers)
+    if compensate is None:
+        return request, None
+    if not isinstance(compensate, dict) or set(compensate) - {"method", "url", "body"}:
+        raise UsageError("a compensation is {method, url, body}")
+    if not compensate.get("method") or not compensate.get("url"):
+        raise UsageError("a compensation needs both a method and a URL")
+    return request, _http_request(compensate["method"], compensate["url"],
+                                  compensate.get("body"), headers)
+
+
 def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, Any]:
-    """Check a staged HTTP call completely (a bad one is refused before anything is logged)."""
     import json
+
+    from ..core.jsonin import check
 
     if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
         raise UsageError(f"the method must be one of {', '.join(sorted(HTTP_METHODS))}, "
@@ -528,15 +576,17 @@ def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, A
         host = None
     if not host:
         raise UsageError(f"the URL has no host: {url!r}")
+    check(body, "the body", strings=False)  # nesting: the log's encoder recurses
     try:
-        encoded = json.dumps(body, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"the body must be JSON: {exc}") from None
-    if len(encoded) > BODY_BYTES_MAX:
+        encoded = json.dumps(body, ensure_ascii=False, allow_nan=False)
+        size = len(encoded.encode("utf-8"))
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError: a lone surrogate
+        raise UsageError(f"the body must be JSON text: {exc}") from None
+    if size > BODY_BYTES_MAX:
         raise UsageError(f"the body is larger than {BODY_BYTES_MAX} bytes")
     clean: dict[str, str] = {}
     for name, value in (headers or {}).items():
-        if not isinstance(name, str) or not name or not all(
+        if not isinstance(name, str) or not name or not name.isascii() or not all(
                 c.isalnum() or c in "-_" for c in name) or not isinstance(value, str) or any(
                 c in value for c in "\r\n\0"):
             raise UsageError(f"bad header {name!r}: a name of letters, digits, '-', '_' and a "
@@ -546,6 +596,10 @@ def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, A
         clean[name] = value
     if len(clean) > HEADERS_MAX:
         raise UsageError(f"at most {HEADERS_MAX} headers")
+    try:
+        json.dumps([url, clean], ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("the URL and the headers must be Unicode text") from None
     return {"method": method.upper(), "url": url, "headers": clean, "body": body}
 
 

@@ -35,14 +35,19 @@ The downstream server runs as a child process with the proxy's environment and w
 a supervisor task owns its transport and starts it again when it dies (at most RESTARTS_MAX times
 in a row without a successful call in between). Only tools are proxied (not resources or prompts).
 
+Protocol revisions: each side negotiates its own, as the SDK's client and server do by default
+(the downstream: ``server/discover`` first, else the ``initialize`` handshake). A result reaches
+the client in the shape of the client's revision, whatever the downstream's (_forwarded.py).
+
 The hot path (docs/mcp.md, "Figures"): the SDK's client does the handshake and the listing, but
-``tools/call`` goes out as raw JSON-RPC on the same transport, with ids of our own that the relay
-takes off before the SDK's session sees them (``_Raw``), and the result travels as the dict it
-came as -- checked once to be a tool result, recorded as it is, and handed to the SDK's server,
-which shapes it for the client's protocol version. A local store's decisions run on the event
-loop's thread. The commit is made before the answer but not fsynced (``commit(durable=False)``,
-docs/fence.md "Deferred commits"); ``Proxy.syncer`` fsyncs it a few milliseconds later, off the
-call's path, unless a later durable decision (the next prepare) already did.
+``tools/call`` goes out as raw JSON-RPC on the same transport (with the per-request envelope of
+a 2026-07-28 connection), with ids of our own that the relay takes off before the SDK's session
+sees them (``_Raw``); the result is read once into the SDK's version-free form
+(``_forwarded.neutral``), recorded as such, and handed to the SDK's server, which shapes it for
+the client's protocol revision. A local store's decisions run on the event loop's thread. The
+commit is made before the answer but not fsynced (``commit(durable=False)``, docs/fence.md
+"Deferred commits"); ``Proxy.syncer`` fsyncs it a few milliseconds later, off the call's path,
+unless a later durable decision (the next prepare) already did.
 """
 
 from __future__ import annotations
@@ -65,11 +70,13 @@ from mcp.client.stdio import stdio_client
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from .. import __version__
 from ..errors import Agent2PCError, FenceRefusal, UsageError, WorkspaceError
 from ..fence import EffectRequest, Fresh, Replay
 from . import _results
+from ._forwarded import NotAToolResult, neutral
 from ._stdio import server_streams
 
 KEY_FIELD = "idempotencyKey"
@@ -89,6 +96,9 @@ SYNC_DELAY_S = 0.005          # a deferred commit is fsynced this long after it 
 # JSON-RPC errors that say the request was refused before the tool ran.
 REJECTED_CODES = frozenset({types.PARSE_ERROR, types.INVALID_REQUEST, types.METHOD_NOT_FOUND,
                             types.INVALID_PARAMS})
+# Who the proxy is to the downstream server. It offers no client capabilities (no sampling,
+# elicitation or roots), which is what its SDK client advertises.
+CLIENT_INFO = types.Implementation(name="agent-2pc-wrap", version=__version__)
 
 
 def log(message: str) -> None:
@@ -111,6 +121,7 @@ class _Raw:
 
     def __init__(self, on_eof: Any) -> None:
         self.write: Any = None  # the transport's write stream, once it is up
+        self.envelope: dict[str, Any] | None = None  # a 2026-07-28 connection's, once it is up
         self.closed = False
         self._pending: dict[str, Any] = {}
         self._n = 0
@@ -139,6 +150,8 @@ class _Raw:
         for a JSON-RPC error, a timeout (REQUEST_TIMEOUT) or a dead transport."""
         if self.closed or self.write is None:
             raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed")
+        if self.envelope is not None:
+            params = {**params, "_meta": {**params.get("_meta", {}), **self.envelope}}
         self._n += 1
         rid = f"{RAW_ID_PREFIX}{self._n}"
         send, receive = anyio.create_memory_object_stream[Any](1)
@@ -178,6 +191,15 @@ class _Raw:
             raise MCPError(code=msg.error.code, message=msg.error.message, data=msg.error.data)
         result: dict[str, Any] = msg.result
         return result
+
+    def negotiated(self, version: str) -> None:
+        """The handshake (or discovery) settled on ``version``: a 2026-07-28 connection carries
+        the per-request envelope on every request, as the SDK's session stamps its own."""
+        self.envelope = None if version not in MODERN_PROTOCOL_VERSIONS else {
+            types.PROTOCOL_VERSION_META_KEY: version,
+            types.CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(by_alias=True, mode="json",
+                                                               exclude_none=True),
+            types.CLIENT_CAPABILITIES_META_KEY: {}}
 
     async def _cancel(self, rid: str, reason: str) -> None:
         """Tell the server we stopped waiting for ``rid`` (best effort, bounded)."""
@@ -257,10 +279,11 @@ class Downstream:
             with anyio.CancelScope(deadline=anyio.current_time() + START_TIMEOUT_S) as scope:
                 try:
                     raw = _Raw(self.mark_dead)
-                    async with Client(_watched(self.params, raw), mode="legacy",
-                                      cache=None) as client:
+                    async with Client(_watched(self.params, raw), cache=None,
+                                      client_info=CLIENT_INFO) as client:
                         scope.deadline = math.inf
                         up = True
+                        raw.negotiated(client.protocol_version)
                         self.client, self.raw, self.error = client, raw, None
                         self.info, self.instructions = client.server_info, client.instructions
                         self._announce()
@@ -310,9 +333,9 @@ class Downstream:
 
     async def call(self, name: str, arguments: dict[str, Any], meta: dict[str, Any] | None
                    ) -> dict[str, Any]:
-        """Forward one call; its result as sent (ValidationError when it is not a tool result).
-        It is not checked against the tool's output schema (the effect happened either way,
-        and the upstream client checks it)."""
+        """Forward one call; its result, revision-neutral (_forwarded.py; NotAToolResult when it
+        is not a tool result). It is not checked against the tool's output schema (the effect
+        happened either way, and the upstream client checks it)."""
         _, raw = await self.get()
         params: dict[str, Any] = {"name": name, "arguments": arguments}
         if meta:
@@ -324,8 +347,7 @@ class Downstream:
                 self.mark_dead()
             raise
         self.failures = 0
-        types.CallToolResult.model_validate(result)  # a tool result, or ValidationError
-        return result
+        return neutral(result)
 
 
 def _declares(tool: types.Tool | None, field: str) -> bool:
@@ -420,7 +442,7 @@ class Proxy:
             return await self.ds.call(name, args, meta)
         except DownstreamUnavailable as exc:
             return _results.coded("downstream_unavailable", str(exc))
-        except ValidationError as exc:
+        except NotAToolResult as exc:
             return _results.coded("bad_downstream_result", f"the downstream server answered "
                                                            f"something that is not a tool "
                                                            f"result: {exc}")
@@ -477,14 +499,12 @@ class Proxy:
                     and now - entry.updated_at > self.window_s)
 
     def _replay(self, adm: Replay) -> types.CallToolResult | dict[str, Any]:
-        recorded = adm.cert.result
-        try:
-            types.CallToolResult.model_validate(recorded)
-        except ValidationError:
+        try:  # recorded by this version (neutral), an older one, or `fence reconcile`
+            result = neutral(adm.cert.result)
+        except NotAToolResult:
             return _results.coded("bad_downstream_result", "the recorded result of this call "
                                                            "is not a tool result",
                                   intent=adm.cert.intent)
-        result = dict(recorded)
         meta = result.get("_meta")
         meta = dict(meta) if isinstance(meta, dict) else {}
         meta[META_KEY] = {"replayed": True, "intent": adm.cert.intent}
@@ -594,7 +614,7 @@ class Proxy:
         elif isinstance(exc, MCPError):
             why = f"the downstream server answered JSON-RPC error {exc.error.code}: " \
                   f"{exc.error.message}"
-        elif isinstance(exc, ValidationError):
+        elif isinstance(exc, NotAToolResult):
             why = "the downstream server answered something that is not a tool result"
         else:
             log(f"the call of {intent} failed:\n" + "".join(traceback.format_exception(exc)))
@@ -634,8 +654,8 @@ async def _serve(argv: list[str], fence: Any, window_s: float, lease_ttl_s: floa
                 raise MCPError(code=types.INTERNAL_ERROR, message=str(exc)) from None
 
         async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
-            # A dict result is the downstream's, as it came: the SDK's server validates it
-            # against the client's protocol version and writes it (one validation, not three).
+            # A dict result is the downstream's in the SDK's version-free form (_forwarded.py):
+            # the SDK's server shapes it for the client's protocol revision and writes it.
             try:
                 return await proxy.call(params)
             except MCPError:

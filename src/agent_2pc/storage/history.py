@@ -39,7 +39,7 @@ def _lines(path: str) -> Iterator[dict[str, Any]]:
     for line in data.splitlines():
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue  # a line cut short by a crash during append; it is written again
         if isinstance(obj, dict) and "tid" in obj:
             yield obj
@@ -59,7 +59,7 @@ def lookup(path: str, tid: str) -> dict[str, Any] | None:
         line_end = data.find(b"\n", start)
         try:
             found = json.loads(data[line_start:line_end if line_end != -1 else None])
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
         start = data.find(needle, start + 1)
     return found

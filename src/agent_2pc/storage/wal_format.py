@@ -104,7 +104,7 @@ def _frame_at(buf: bytes | memoryview, offset: int) -> tuple[dict[str, Any] | No
         return None, offset, "CRC mismatch"
     try:
         record = _loads(payload)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past the parser's depth: not ours either
         return None, offset, "payload is not JSON"
     if not isinstance(record, dict) or not all(k in record for k in ("type", "tid", "ts")):
         return None, offset, "payload lacks type, tid or ts"
@@ -185,13 +185,13 @@ def _parse_all(payloads: list[memoryview]) -> list[dict[str, Any]]:
         parsed = _loads(b"[" + b",".join(payloads) + b"]")
         if len(parsed) == len(payloads) and all(_is_record(r) for r in parsed):
             return parsed  # type: ignore[no-any-return]
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     out = []
     for p in payloads:
         try:
             rec = _loads(bytes(p))
-        except ValueError:
+        except (ValueError, RecursionError):
             break
         if not _is_record(rec):
             break

@@ -185,3 +185,30 @@ def take_snapshot(root: str) -> dict[str, Any]:
 @pytest.fixture
 def snapshot(root: str) -> Callable[[], dict[str, Any]]:
     return lambda: take_snapshot(root)
+
+
+# Descriptors: an engine dropped without ``engine.close()`` keeps its log's descriptor for
+# good (storage/log.py's Log has no finalizer) and its lock descriptors until the cyclic
+# collector runs. The suite's tests left ~950 open in one pytest process, and past 1024
+# select() fails (isolation/_view.py waits on a pidfd with it). When many are open, close
+# the logs that finished tests left and collect them.
+_FDS_SWEEP_AT = 256
+
+
+@pytest.fixture(autouse=True)
+def _close_logs_left_open() -> Any:
+    yield
+    try:
+        open_fds = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return
+    if open_fds < _FDS_SWEEP_AT:
+        return
+    import gc
+
+    from agent_2pc.storage.log import Log
+
+    for obj in gc.get_objects():
+        if isinstance(obj, Log):
+            obj.close()
+    gc.collect()

@@ -61,10 +61,11 @@ def _check_utf8(args: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from .commands import COMMANDS
+    from .monitor import MONITORING
 
     as_json = "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
     try:
-        path, args = parse(argv, COMMANDS)
+        path, args = parse(argv, COMMANDS + MONITORING)
     except HelpRequested as req:
         sys.stdout.write(req.text)
         return 0

@@ -134,9 +134,13 @@ class _SqliteTxn(BaseTxn):
 class SqliteStore(Store):
     clock = "host"
 
-    def __init__(self, url: str, path: str, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, url: str, path: str, busy_timeout_s: float = BUSY_TIMEOUT_S, *,
+                 read_only: bool = False) -> None:
         self.url = url
         self.path = path
+        # read_only (the monitor): queries only, nothing written, no file created while the
+        # database is quiescent (no -wal: the last connection checkpointed it).
+        self.read_only = read_only
         self.busy_timeout_s = busy_timeout_s
         self._local = _thread._local()
         self._all: list[sqlite3.Connection] = []
@@ -159,9 +163,17 @@ class SqliteStore(Store):
         if self._closed:
             raise UsageError("the fence store is closed")
         try:
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None,
-                                   check_same_thread=False)
-            conn.execute("PRAGMA synchronous = FULL")
+            if self.read_only:
+                from urllib.parse import quote
+
+                mode = "ro" if os.path.exists(self.path + "-wal") else "ro&immutable=1"
+                conn = sqlite3.connect(f"file:{quote(self.path)}?mode={mode}", uri=True,
+                                       timeout=self.busy_timeout_s, isolation_level=None,
+                                       check_same_thread=False)
+            else:
+                conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s,
+                                       isolation_level=None, check_same_thread=False)
+                conn.execute("PRAGMA synchronous = FULL")
         except sqlite3.Error as exc:
             raise WorkspaceError(f"cannot open the fence store {self.path}: {exc}",
                                  code="store_unavailable") from exc
@@ -174,6 +186,9 @@ class SqliteStore(Store):
         try:
             if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
                 return
+            if self.read_only:
+                raise WorkspaceError(f"the fence store {self.path} has no schema this "
+                                     "agent-2pc knows", code="store_unavailable")
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("BEGIN IMMEDIATE")
@@ -342,6 +357,18 @@ class SqliteStore(Store):
         finally:
             conn.execute("COMMIT")
         return {"states": states, "domains": int(domains), **lists}
+
+    def entries(self, offset: int, limit: int) -> tuple[int, list[Entry]]:
+        """(how many entries, a page of them, most recently changed first): for the monitor."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            total = int(conn.execute("SELECT count(*) FROM fence_entries").fetchone()[0])
+            rows = conn.execute(f"SELECT {_COLS} FROM fence_entries ORDER BY updated_at DESC, "
+                                "intent LIMIT ? OFFSET ?", (limit, offset)).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        return total, [entry_from_row(r, json.loads) for r in rows]
 
     def sweep(self, idle_s: float, limit: int) -> int:
         conn = self._conn()

@@ -315,8 +315,19 @@ class TxRow(Out):
     reason: str | None = None
 
 
+class HealthOut(Out):
+    health: Literal["healthy", "degraded", "unhealthy"]
+    reasons: list[dict[str, Any]] = Field(description=(
+        "Why it is not healthy: {code, severity, message, tid?}; codes: corrupt_wal, "
+        "torn_tail, torn_tail_cut, interrupted_commit, interrupted, stuck, disk_nearly_full, "
+        "fenced_intents, fence_unreadable."))
+    in_flight: int
+    stuck: int
+
+
 class StatusOut(Out):
     transactions: list[TxRow]
+    health: HealthOut | None = None
 
 
 class CommitOut(Out):

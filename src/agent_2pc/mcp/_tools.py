@@ -213,6 +213,14 @@ def _fence_reconcile(rt: Runtime, a: m.FenceReconcileIn) -> dict[str, Any]:
     return out
 
 
+def _status(rt: Runtime, a: m.StatusIn) -> dict[str, Any]:
+    from ..coordinator.monitor import health
+
+    out: dict[str, Any] = rt.engine().status(a.tid)
+    out["health"] = health(rt.root())
+    return out
+
+
 def _fence_status(rt: Runtime, a: m.FenceStatusIn) -> dict[str, Any]:
     fence = rt.fence()
     if a.intent is not None:
@@ -355,9 +363,10 @@ TOOLS: tuple[ToolSpec, ...] = (
         "agent_2pc_status", "Show transactions",
         "Without tid: the live (unfinished) transactions. With tid: that transaction in detail "
         "(state, staged files, reads, savepoints, and code/reason once decided). Returns "
-        "{transactions: [...]}. Errors: unknown_tid.",
+        "{transactions: [...], health: {health, reasons, in_flight, stuck}} (the workspace's "
+        "health as 'agent-2pc monitor' sees it). Errors: unknown_tid.",
         m.StatusIn, (m.StatusOut,),
-        lambda rt, a: rt.engine().status(a.tid),
+        lambda rt, a: _status(rt, a),
         READ_ONLY, quick=True),
     ToolSpec(
         "agent_2pc_commit", "Commit the transaction",

@@ -187,7 +187,10 @@ def test_monitor_keeps_working_on_a_corrupt_log_and_says_where(root, client):
     wal = os.path.join(root, ".agent-tx", "wal.bin")
     with open(wal, "rb") as f:
         data = bytearray(f.read())
-    first = wal_format.HEADER_SIZE + int.from_bytes(data[5:9], "little")
+    def frame_end(at: int) -> int:
+        return at + wal_format.HEADER_SIZE + int.from_bytes(data[at + 5:at + 9], "little")
+
+    first = frame_end(frame_end(0))  # after the log's header and the first record
     data[first + wal_format.HEADER_SIZE + 3] ^= 0xFF  # a payload byte of the 2nd record
     with open(wal, "wb") as f:
         f.write(data)

@@ -53,6 +53,7 @@ from ..core.states import (
 )
 from ..errors import NotInitialized, UnknownTid, UsageError
 from ..storage import wal_format
+from ..storage.log import HEADER_READ_BYTES as LOG_HEADER_READ_BYTES
 from ..storage.workspace import Layout, is_workspace
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
@@ -114,6 +115,7 @@ class _WalTail:
                 self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
                 return  # no step was ever taken: an empty log
+            self._skip_header()
         size = os.fstat(self.fd).st_size
         if size == self._size_seen:
             return  # nothing new (a damaged tail is not decoded again and again)
@@ -147,6 +149,16 @@ class _WalTail:
         if damage != self.damage:
             self.damage = damage
             self.version += 1
+
+    def _skip_header(self) -> None:
+        """The log's first frame names its workspace (docs/format.md): not a transaction's
+        record, so it is passed over (and counted in what ``verify`` re-reads)."""
+        assert self.fd is not None and self.offset == 0
+        head = os.pread(self.fd, LOG_HEADER_READ_BYTES, 0)
+        _, end = wal_format.read_log_header(head)
+        if end:
+            self.offset = end
+            self._crc = zlib.crc32(head[:end])
 
     def verify(self) -> None:
         """Check that what was folded is still on disk as it was read (a tail reader sees

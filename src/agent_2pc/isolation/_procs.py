@@ -12,6 +12,7 @@ is left (the kernel tears it down asynchronously once PID 1 is gone).
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 
@@ -208,3 +209,21 @@ def reap_namespace(ns: tuple[int, int] | None, budget_s: float = NS_REAP_S_MAX) 
 def exit_code(returncode: int) -> int:
     """A subprocess return code as a shell gives it: 128+N when killed by signal N."""
     return returncode if returncode >= 0 else 128 - returncode
+
+
+_READABLE = select.POLLIN | select.POLLPRI | select.POLLHUP | select.POLLERR
+_WRITABLE = select.POLLOUT | select.POLLHUP | select.POLLERR
+
+
+def wait_ready(rd: list[int], wr: list[int], timeout_s: float | None
+               ) -> tuple[list[int], list[int]]:
+    """``select.select(rd, wr, [], timeout_s)`` without select's limit on descriptor numbers
+    (FD_SETSIZE, 1024: a long-lived caller with many files open passes it). An end of file or
+    an error counts as ready, as select says."""
+    poller = select.poll()
+    for fd in set(rd) | set(wr):
+        poller.register(fd, (select.POLLIN | select.POLLPRI if fd in rd else 0) |
+                        (select.POLLOUT if fd in wr else 0))
+    events = poller.poll(None if timeout_s is None else max(0, int(timeout_s * 1000)))
+    return ([fd for fd, ev in events if fd in rd and ev & _READABLE],
+            [fd for fd, ev in events if fd in wr and ev & _WRITABLE])

@@ -34,13 +34,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import select
 import signal
 import struct
 import subprocess
 import sys
 import termios
 import time
+
+from ._procs import wait_ready
 
 CHUNK_BYTES = 65536
 TIOCGSID = getattr(termios, "TIOCGSID", 0x5429)  # Linux's number; Python lacks the name
@@ -398,6 +399,6 @@ def _write_all(fd: int, data: bytes) -> None:
         try:
             n = os.write(fd, view)
         except BlockingIOError:
-            select.select([], [fd], [], 1.0)
+            wait_ready([], [fd], 1.0)
             continue
         view = view[n:]

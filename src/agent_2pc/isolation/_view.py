@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -54,6 +53,7 @@ from ._procs import (
     fstab_line,
     ns_of_children,
     reap_namespace,
+    wait_ready,
 )
 from ._remove import discard, rmtree
 from ._sandbox import SANDBOXED, Sandbox, probe_sandbox
@@ -907,7 +907,7 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout_s: float | None,
         proc.wait(timeout_s)
         return
     try:
-        if not select.select([pidfd], [], [], timeout_s)[0]:
+        if not wait_ready([pidfd], [], timeout_s)[0]:
             raise subprocess.TimeoutExpired(proc.args, timeout_s)
     finally:
         os.close(pidfd)
@@ -931,7 +931,7 @@ def _relay_until_exit(proc: subprocess.Popen[bytes], timeout_s: float | None,
             left = poll_s if left is None else min(left, poll_s)
             if pidfd is not None:
                 rd = [*rd, pidfd]
-            ready_r, ready_w, _ = select.select(rd, wr, [], left)
+            ready_r, ready_w = wait_ready(rd, wr, left)
             term.pump(ready_r, ready_w)
             if pidfd is not None and pidfd in ready_r:
                 break

@@ -187,28 +187,21 @@ def snapshot(root: str) -> Callable[[], dict[str, Any]]:
     return lambda: take_snapshot(root)
 
 
-# Descriptors: an engine dropped without ``engine.close()`` keeps its log's descriptor for
-# good (storage/log.py's Log has no finalizer) and its lock descriptors until the cyclic
-# collector runs. The suite's tests left ~950 open in one pytest process, and past 1024
-# select() fails (isolation/_view.py waits on a pidfd with it). When many are open, close
-# the logs that finished tests left and collect them.
+# Descriptors: an engine dropped without ``engine.close()`` is a reference cycle; its log and
+# lock descriptors are closed when the cyclic collector frees it. The suite's tests drop many,
+# so when many descriptors are open after a test, collect (never close what may be in use: a
+# module-scoped fixture's engine is still alive).
 _FDS_SWEEP_AT = 256
 
 
 @pytest.fixture(autouse=True)
-def _close_logs_left_open() -> Any:
+def _collect_engines_left_open() -> Any:
     yield
     try:
         open_fds = len(os.listdir("/proc/self/fd"))
     except OSError:
         return
-    if open_fds < _FDS_SWEEP_AT:
-        return
-    import gc
+    if open_fds >= _FDS_SWEEP_AT:
+        import gc
 
-    from agent_2pc.storage.log import Log
-
-    for obj in gc.get_objects():
-        if isinstance(obj, Log):
-            obj.close()
-    gc.collect()
+        gc.collect()

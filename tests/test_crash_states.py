@@ -104,3 +104,16 @@ def test_the_explorer_reports_planted_violations():
     proc = subprocess.run([sys.executable, "-m", "crashsim", "--self-test"], cwd=TESTS,
                           capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+
+
+def test_the_trace_reader_takes_a_descriptor_of_a_deleted_file():
+    # strace -yy marks a descriptor of an unlinked file (the staged view's memfd fstab) with
+    # "(deleted)" after its path, in arguments and in the return value alike; CI's trace of the
+    # `many` workload had one, and the explorer stopped on it.
+    from crashsim import trace
+
+    line = (r"fcntl(5<\x2f\x6d\x65\x6d>(deleted), F_DUPFD_CLOEXEC, 10) = "
+            r"11<\x2f\x6d\x65\x6d>(deleted)")
+    call = trace._parse_call(7, line)
+    assert call is not None and call.name == "fcntl"
+    assert (call.ret, call.ret_path) == (11, "/mem")

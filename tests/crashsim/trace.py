@@ -44,7 +44,7 @@ STRSIZE_MAX = 1 << 26  # bytes of a write strace prints; a larger write fails th
 _LINE = re.compile(r"^(\d+) +(.*)$")
 _CALL = re.compile(r"^(\w+)\((.*)\) += (.*)$", re.S)
 _RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$", re.S)
-_RET = re.compile(r"^(-?\d+|0x[0-9a-f]+|\?)(?:<(.*)>)?"
+_RET = re.compile(r"^(-?\d+|0x[0-9a-f]+|\?)(?:<(.*)>(?:\(deleted\))?)?"
                   r"(?: (E[A-Z0-9]+) \(.*\)| \(.*\)| <.*>)?$", re.S)
 _STR = re.compile(r'^"((?:\\x[0-9a-f]{2})*)"(\.\.\.)?$')
 _NS_PID = re.compile(r"^-?\d+ /\* (\d+) in strace's PID NS \*/")

@@ -315,3 +315,14 @@ class Log:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+    def __del__(self) -> None:
+        # A caller that drops its engine without closing it must not leak the descriptor (a
+        # long-lived agent opens many); the object is unreachable, so nobody else holds _fd.
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            self._fd = None
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -135,9 +135,9 @@ def test_a_blob_whose_fsync_failed_is_never_trusted_again(tmp_path):
 
 
 def test_a_small_files_blob_whose_fsync_failed_is_written_again_from_the_decision(tmp_path):
-    # The apply's 2nd fsync: dup2.txt's blob ("same"), moved into the tree (big.bin's mode
-    # change was the 1st; dup1.txt got a synced copy).
-    out = run(tmp_path, "fault", "8", "fs._apply_in:fsync:2=EIO")
+    # The apply's 2nd fsync before a rename: dup2.txt's blob ("same"), moved into the tree
+    # (big.bin's mode change was the 1st; dup1.txt got a synced copy).
+    out = run(tmp_path, "fault", "8", "fs._put:fsync:2=EIO")
     assert json.loads(out["steps"][-1]["stdout"])["error"]["code"] == "apply_incomplete"
     assert hashlib.sha256(b"same\n").hexdigest() not in out["blobs_after_fault"]
     assert out["states"][out["tids"]["t0"]] == "committed"

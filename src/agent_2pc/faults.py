@@ -3,7 +3,7 @@ first) pass of SITE fail with ERRNO (default EIO; ENOSPC, EDQUOT, EROFS... by na
 
 A site is where the storage layer asks the kernel to write, sync or rename: the function that
 called the one durable helper (storage/durable.py), and which helper, e.g. ``log.append:fsync``
-(the log's fsync after an append) or ``fs._apply_in:rename``. Sites are named from the caller's
+(the log's fsync after an append) or ``fs._put:rename``. Sites are named from the caller's
 frame when a fault is armed, so call sites need no names; ``SITES`` lists them all, and an
 unlisted one fails an assertion the day it is added (tests/test_fsync_failures.py is
 parametrised over the list, like the crash tests over crashpoints.POINTS).
@@ -55,9 +55,9 @@ SITES: dict[str, str] = {
     "fs._make_claim:rename": "a copy renamed from its .part name",
     "fs._place:fsync": "prepare syncs content placed on another file system, then its "
                        "directory",
-    "fs._apply_in:fsync": "the apply syncs a file's content or mode before its rename, then "
-                       "every directory it touched",
-    "fs._apply_in:rename": "the apply renames a file, a link or placed content over a target",
+    "fs._put:fsync": "the apply syncs a file's content or mode before its rename",
+    "fs._put:rename": "the apply renames a file, a link or placed content over a target",
+    "fs._apply_in:fsync": "the apply syncs every directory it touched",
     "fs._ensure_mode:fsync": "a mode set on a file already in place (a redo), synced",
     "fs._sync_made_dirs:fsync": "the apply syncs the directories it made before a big file's "
                                 "blob leaves objects/",

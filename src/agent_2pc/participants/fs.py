@@ -23,7 +23,8 @@ apply (after the decision, holding the log lock; also the redo of recovery, so e
   fsynced once at the end, before the end record is written.
 A target that holds neither what it held at prepare nor what the op puts when a redo reaches
 it was changed by someone outside any transaction after the decision: it is left as it is and
-reported as ``diverged`` rather than overwritten.
+reported as ``diverged`` rather than overwritten. What to do with each target is decided by
+core/applyplan.py from what stands there; this module looks at the path and does the step.
 
 Every directory is opened from the root with O_NOFOLLOW, so a symlink planted in the tree after
 staging makes prepare vote no instead of leading a write outside the root.
@@ -37,6 +38,7 @@ import os
 import stat
 
 from .. import crashpoints
+from ..core.applyplan import Action, plan_step, replaces_dir
 from ..core.confine import name_problem
 from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
@@ -46,6 +48,8 @@ from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
     from typing import Any, Callable
+
+    from ..core.applyplan import Step
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Small written files travel in the commit decision itself (``inline``), so that prepare syncs
@@ -271,6 +275,31 @@ def _short(fingerprint: str | None) -> str:
     if fingerprint.startswith("symlink:"):
         return "a symbolic link"
     return fingerprint[:12]
+
+
+class _ApplyRun:
+    """One run of the apply (or redo) of one transaction: what its decision carries and what
+    the run has done so far."""
+
+    __slots__ = ("tid", "seen", "keep", "dirs", "out", "modes", "placed", "inline", "touched",
+                 "later_uses")
+
+    def __init__(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str], dirs: Dirs,
+                 out: Applied) -> None:
+        fields = tx.decision_fields
+        self.tid = tx.tid
+        self.seen = seen  # what this process's prepare saw; None in a redo
+        self.keep = keep  # blobs that other live transactions name: copied, never moved
+        self.dirs = dirs
+        self.out = out
+        self.modes: dict[int, int] = {
+            int(k): m for k, m in (fields.get("modes") or {}).items()}
+        self.placed: dict[int, str] = {  # k -> the directory prepare placed it in
+            int(k): h for k, h in (fields.get("placed") or {}).items()}
+        self.inline: dict[int, str] = {  # k -> a small file's content, base64
+            int(k): v for k, v in (fields.get("inline") or {}).items()}
+        self.touched: set[str] = set()  # directories to fsync at the end
+        self.later_uses: dict[str, int] = {}  # blob -> writes after this one that move it
 
 
 class FileParticipant:
@@ -504,153 +533,164 @@ class FileParticipant:
 
     def _apply_in(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str],
                   dirs: Dirs, out: Applied) -> None:
+        """Look at each target, ask core/applyplan.py what to do, do it: deletes first
+        (deepest first: changes are sorted by path), then writes, links and directories in
+        path order (a directory before what goes in it); then every touched directory is
+        synced."""
         changes = tx.changes()
-        modes = {int(k): m for k, m in (tx.decision_fields.get("modes") or {}).items()}
-        placed = {int(k): h for k, h in (tx.decision_fields.get("placed") or {}).items()}
-        inline = {int(k): v for k, v in (tx.decision_fields.get("inline") or {}).items()}
-        touched: set[str] = set()
+        run = _ApplyRun(tx, seen, keep, dirs, out)
         deletes = [(k, op) for k, op in enumerate(changes) if op.op == "delete"]
-        for k, op in reversed(deletes):  # deepest first: changes are sorted by path
-            cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
+        for k, op in reversed(deletes):
+            now = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
             parent, name = split(op.path)
-            if cur is None:  # absent: never there, or deleted by an earlier run
-                if op.pre is not None:
-                    out.files.append(op.path)
-                    self._prune_empty(dirs, parent, touched)
-                continue
-            if cur != op.pre:
-                out.diverged.append(op.path)
-                continue
-            dfd = self._parent(dirs, parent)
-            if dfd is None:
-                out.diverged.append(op.path)
-                continue
-            if cur == DIR_FINGERPRINT:
-                dirs.forget(op.path)
-                try:
-                    os.rmdir(name, dir_fd=dfd)
-                except OSError as exc:
-                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                        raise
-                    out.diverged.append(op.path)  # something was put in it meanwhile
-                    continue
-            else:
-                self.blobs.keep_preimage(dfd, name, tx.tid, k)
-                os.unlink(name, dir_fd=dfd)  # a file, or a link itself (never its target)
-            touched.add(parent)
-            out.files.append(op.path)
-            self._prune_empty(dirs, parent, touched)
-            crashpoints.hit("commit.mid_apply")
-        later_uses: dict[str, int] = {}  # blob -> writes after this one that move it
+            step = plan_step("delete", None, op.pre, now, redo=seen is None)
+            self._delete(run, k, op, parent, name, step)
         for k, op in enumerate(changes):
-            if op.op == "write" and k not in placed:
+            if op.op == "write" and k not in run.placed:
                 assert op.blob is not None
-                later_uses[op.blob] = later_uses.get(op.blob, 0) + 1
-        # Writes, links and directories in path order: a directory before what goes in it.
+                run.later_uses[op.blob] = run.later_uses.get(op.blob, 0) + 1
         for k, op in enumerate(changes):
-            if op.op == "delete":
-                continue
-            parent, name = split(op.path)
-            pre = op.pre
-            if pre == DIR_FINGERPRINT and op.op != "mkdir":
-                # The directory this file or link replaces went with the deletes above
-                # (prepare checked that they empty it): expect nothing there now.
-                pre = None
-                cur = self._fingerprint(dirs, op)
-            else:
-                cur = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
-            if op.op == "write":
-                assert op.blob is not None
-                if k not in placed:
-                    later_uses[op.blob] -= 1
-                mode = modes.get(k, op.mode if op.mode is not None else 0o644)
-                if seen is None and cur == op.blob:  # put in place by an earlier run
-                    self._ensure_mode(dirs.open(parent), name, mode)
-                    if k in placed:  # a file system that kept both names of the rename
-                        self._drop_placed(dirs, tx.tid, k, placed[k], touched)
-                    out.files.append(op.path)
-                    continue
-            elif op.op == "symlink":
-                assert op.target is not None
-                if cur == link_fingerprint(op.target):  # in place (an earlier run, or pre)
-                    if seen is None and k in placed:
-                        self._drop_placed(dirs, tx.tid, k, placed[k], touched)
-                    out.files.append(op.path)
-                    continue
-            else:
-                assert op.op == "mkdir", op
-                mode = op.mode if op.mode is not None else 0o755
-                if cur == DIR_FINGERPRINT:  # made by an earlier run, or by someone else
-                    if seen is None:
-                        self._ensure_mode(dirs.open(parent), name, mode)
-                    out.files.append(op.path)
-                    continue
-            if cur != pre:
-                out.diverged.append(op.path)
-                continue
-            dfd = self._parent(dirs, parent, create=True)
-            hfd = self._ensure_placed(dirs, tx.tid, k, op, placed[k]) if (
-                k in placed and dfd is not None) else None
-            if dfd is None or (k in placed and hfd is None):
-                out.diverged.append(op.path)
-                continue
-            if cur is not None:
-                self.blobs.keep_preimage(dfd, name, tx.tid, k)
-            if hfd is not None:  # prepared next to it, on its file system
-                home = placed[k]
-                if op.op == "write":  # its mode before it is visible
-                    self._ensure_mode(hfd, placed_name(tx.tid, k), mode)
-                rename(placed_name(tx.tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
-                touched.add(home)
-            elif op.op == "write":
-                blob = op.blob
-                assert blob is not None
-                copy = blob in keep or later_uses[blob] > 0
-                if k in inline:
-                    src, unsynced = self._inline_source(tx.tid, k, blob, inline[k], copy,
-                                                        seen is None, mode)
-                else:
-                    src, unsynced = self._source(tx.tid, k, blob, copy, mode), False
-                    if src == self.blobs.path(blob):
-                        self._sync_made_dirs(dirs, parent)
-                fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    # The mode before the name, synced with it: a chmod after the rename
-                    # could be lost by a crash that keeps the end record.
-                    if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
-                        os.fchmod(fd, mode)
-                        unsynced = True
-                    if unsynced:  # a small file's blob, or a new mode: synced here
-                        try:
-                            fsync_fd(fd)
-                        except FsyncFailed:
-                            if k in inline and src == self.blobs.path(blob):
-                                # Never trusted again (fsyncgate): a redo writes the content
-                                # anew from the decision.
-                                self.blobs.discard(blob)
-                            raise
-                    rename(src, name, dst_dir_fd=dfd)
-                finally:
-                    os.close(fd)
-            elif op.op == "symlink":
-                assert op.target is not None
-                rename(self._link_source(tx.tid, k, op.target), name, dst_dir_fd=dfd)
-            else:
-                if cur is not None:
-                    os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
-                os.mkdir(name, 0o700, dir_fd=dfd)
-                self._ensure_mode(dfd, name, mode, sync=False)  # synced as touched
-                dirs.open(op.path)
-                touched.add(op.path)  # fsync the new directory's own inode too
-            touched.add(parent)
-            out.files.append(op.path)
-            crashpoints.hit("commit.mid_apply")
+            if op.op != "delete":
+                self._put_step(run, k, op)
         if seen is None:
-            self._touch_all(dirs, changes, touched)
-        for rel_dir in touched | dirs.grew:
+            self._touch_all(dirs, changes, run.touched)
+        for rel_dir in run.touched | dirs.grew:
             dir_fd = dirs.fds.get(rel_dir)
             if dir_fd is not None:
                 fsync_fd(dir_fd)
+
+    def _delete(self, run: _ApplyRun, k: int, op: Op, parent: str, name: str,
+                step: Step) -> None:
+        """Carry out the plan's step for the k-th change, a delete."""
+        out = run.out
+        if step.action == Action.NOTHING:
+            return
+        if step.action == Action.GONE:  # deleted by an earlier run
+            out.files.append(op.path)
+            self._prune_empty(run.dirs, parent, run.touched)
+            return
+        if step.action == Action.DIVERGED:
+            out.diverged.append(op.path)
+            return
+        dfd = self._parent(run.dirs, parent)
+        if dfd is None:
+            out.diverged.append(op.path)
+            return
+        if step.action == Action.REMOVE_DIR:
+            run.dirs.forget(op.path)
+            try:
+                os.rmdir(name, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                out.diverged.append(op.path)  # something was put in it meanwhile
+                return
+        else:
+            assert step.action == Action.REMOVE, step
+            self.blobs.keep_preimage(dfd, name, run.tid, k)
+            os.unlink(name, dir_fd=dfd)  # a file, or a link itself (never its target)
+        run.touched.add(parent)
+        out.files.append(op.path)
+        self._prune_empty(run.dirs, parent, run.touched)
+        crashpoints.hit("commit.mid_apply")
+
+    def _put_step(self, run: _ApplyRun, k: int, op: Op) -> None:
+        """Look at the k-th target (a write, link or directory), ask the plan, carry it out."""
+        parent, name = split(op.path)
+        if run.seen is None or replaces_dir(op.op, op.pre):
+            now = self._fingerprint(run.dirs, op)
+        else:
+            now = run.seen[op.path]
+        mode = 0
+        if op.op == "write":
+            assert op.blob is not None
+            if k not in run.placed:
+                run.later_uses[op.blob] -= 1
+            mode = run.modes.get(k, op.mode if op.mode is not None else 0o644)
+            new = op.blob
+        elif op.op == "symlink":
+            assert op.target is not None
+            new = link_fingerprint(op.target)
+        else:
+            assert op.op == "mkdir", op
+            mode = op.mode if op.mode is not None else 0o755
+            new = DIR_FINGERPRINT
+        step = plan_step(op.op, new, op.pre, now, redo=run.seen is None,
+                         placed=k in run.placed)
+        if step.action == Action.IN_PLACE:  # an earlier run's work (or, a mkdir, anyone's)
+            if step.fix_mode:
+                self._ensure_mode(run.dirs.open(parent), name, mode)
+            if step.drop_placed:  # a file system that kept both names of the rename
+                self._drop_placed(run.dirs, run.tid, k, run.placed[k], run.touched)
+            run.out.files.append(op.path)
+            return
+        if step.action == Action.DIVERGED:
+            run.out.diverged.append(op.path)
+            return
+        dfd = self._parent(run.dirs, parent, create=True)
+        hfd = self._ensure_placed(run.dirs, run.tid, k, op, run.placed[k]) if (
+            k in run.placed and dfd is not None) else None
+        if dfd is None or (k in run.placed and hfd is None):
+            run.out.diverged.append(op.path)
+            return
+        self._put(run, k, op, step, parent, name, mode, dfd, hfd)
+        run.touched.add(parent)
+        run.out.files.append(op.path)
+        crashpoints.hit("commit.mid_apply")
+
+    def _put(self, run: _ApplyRun, k: int, op: Op, step: Step, parent: str, name: str,
+             mode: int, dfd: int, hfd: int | None) -> None:
+        """Carry out a PUT or MAKE_DIR step: rename the placed content (``hfd``: its
+        directory), the blob (or a synced copy) or a link over the target, or make the
+        directory; what stood there gives way, its pre-image kept."""
+        tid = run.tid
+        if step.displace:
+            self.blobs.keep_preimage(dfd, name, tid, k)
+        if hfd is not None:  # prepared next to it, on its file system
+            if op.op == "write":  # its mode before it is visible
+                self._ensure_mode(hfd, placed_name(tid, k), mode)
+            rename(placed_name(tid, k), name, src_dir_fd=hfd, dst_dir_fd=dfd)
+            run.touched.add(run.placed[k])
+        elif op.op == "write":
+            blob = op.blob
+            assert blob is not None
+            copy = blob in run.keep or run.later_uses[blob] > 0
+            if k in run.inline:
+                src, unsynced = self._inline_source(tid, k, blob, run.inline[k], copy,
+                                                    run.seen is None, mode)
+            else:
+                src, unsynced = self._source(tid, k, blob, copy, mode), False
+                if src == self.blobs.path(blob):
+                    self._sync_made_dirs(run.dirs, parent)
+            fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                # The mode before the name, synced with it: a chmod after the rename could be
+                # lost by a crash that keeps the end record.
+                if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
+                    os.fchmod(fd, mode)
+                    unsynced = True
+                if unsynced:  # a small file's blob, or a new mode: synced here
+                    try:
+                        fsync_fd(fd)
+                    except FsyncFailed:
+                        if k in run.inline and src == self.blobs.path(blob):
+                            # Never trusted again (fsyncgate): a redo writes the content anew
+                            # from the decision.
+                            self.blobs.discard(blob)
+                        raise
+                rename(src, name, dst_dir_fd=dfd)
+            finally:
+                os.close(fd)
+        elif op.op == "symlink":
+            assert op.target is not None
+            rename(self._link_source(tid, k, op.target), name, dst_dir_fd=dfd)
+        else:
+            if step.displace:
+                os.unlink(name, dir_fd=dfd)  # a file or link gives way to a directory
+            os.mkdir(name, 0o700, dir_fd=dfd)
+            self._ensure_mode(dfd, name, mode, sync=False)  # synced as touched
+            run.dirs.open(op.path)
+            run.touched.add(op.path)  # fsync the new directory's own inode too
 
     def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int) -> str:
         """The file to rename over the k-th target: the blob itself, or a synced copy of it

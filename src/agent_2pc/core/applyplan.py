@@ -134,9 +134,10 @@ def replaces_dir(kind: str, pre: str | None) -> bool:
 def plan_step(kind: str, new: str | None, pre: str | None, now: str | None, *, redo: bool,
               placed: bool = False) -> Step:
     """What to do with one change of ``kind`` (core/states.py OP_KINDS) that puts ``new``
-    where ``pre`` stood when it was staged, now that ``now`` stands there. ``redo``: ``now``
-    was looked at again (not what this process's prepare saw); ``placed``: prepare put the
-    content beside the target, on its file system."""
+    where ``pre`` stood when it was staged, now that ``now`` stands there. ``redo``: this run
+    does not follow a prepare in this process (recovery, or a commit that resumes an
+    interrupted one), so ``now`` was looked at again and an earlier run's work is taken as
+    done; ``placed``: prepare put the content beside the target, on its file system."""
     if kind == "delete":
         if now is None:
             return NOTHING if pre is None else GONE

@@ -37,9 +37,9 @@ that goes with it. Errors are grouped by what the caller may conclude:
 
 A bug is not an Agent2PCError: an invariant violation raises AssertionError and crashes.
 
-Messages speak of the library's parameters (``timeout_ms``, ``old``), never of a face's spelling
-of them: ``params`` names those the message mentions, and a face may respell them (the CLI shows
-``--timeout-ms``, cli/output.py). ``params`` is not part of the JSON result.
+Messages speak of the library's parameters, quoted as in `timeout_ms` must be ..., never of a
+face's spelling of them: ``params`` names those the message quotes, and a face may respell them
+(the CLI shows --timeout-ms, cli/output.py). ``params`` is not part of the JSON result.
 """
 
 from __future__ import annotations

@@ -49,20 +49,10 @@ def emit(result: dict[str, Any], as_json: bool,
 
 
 def with_flags(err: Agent2PCError) -> Agent2PCError:
-    """``err`` with the parameters its message names (``err.params``) spelled as the CLI's
-    flags: ``timeout_ms`` -> ``--timeout-ms``. Text that came from the caller (the error's
-    string details, a path say) is left as it is."""
-    if not err.params:
-        return err
-    import re
-
-    names = re.compile(r"(?<![\w./-])(" + "|".join(map(re.escape, err.params)) + r")(?![\w/-])")
-    kept = sorted({v for v in err.details.values() if isinstance(v, str) and v}, key=len,
-                  reverse=True)
-    pieces = re.split("(" + "|".join(map(re.escape, kept)) + ")", err.message) if kept else [
-        err.message]
-    err.message = "".join(piece if i % 2 else names.sub(
-        lambda m: "--" + m.group(1).replace("_", "-"), piece) for i, piece in enumerate(pieces))
+    """``err`` with the parameters its message quotes (``err.params``, as in "`timeout_ms`
+    must be ...") spelled as the CLI's flags: "--timeout-ms must be ..."."""
+    for name in err.params:
+        err.message = err.message.replace(f"`{name}`", "--" + name.replace("_", "-"))
     return err
 
 

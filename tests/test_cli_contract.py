@@ -413,3 +413,17 @@ def test_help_is_available_and_succeeds(files, cli_raw):
     assert proc.returncode == 0 and b"begin" in proc.stdout
     proc = cli_raw("stage-write", "--help", root=None)
     assert proc.returncode == 0 and b"--tid" in proc.stdout
+
+
+def test_an_error_that_names_a_parameter_shows_it_as_the_cli_flag(files, cli):
+    tid = begin(cli)
+    status, out = cli("stage-replace", "--tid", tid, "--path", "a.txt", "--old", "", "--new", "x")
+    assert status == 2 and out["error"]["message"] == "--old must not be empty", out
+    status, out = cli("stage-cmd", "--tid", tid, "--command", "true", "--network")
+    assert out["error"]["message"] == "--network only makes sense with --sandbox", out
+    write(files, "all", "two\ntwo\n")
+    status, out = cli("stage-replace", "--tid", tid, "--path", "all", "--old", "two", "--new",
+                      "x")
+    assert out["error"]["code"] == "ambiguous_match", out
+    assert out["error"]["message"] == ("--old occurs 2 times in all; make it unique with more "
+                                       "context, or set --all"), out  # the path stays a path

@@ -246,3 +246,42 @@ def test_stage_write_of_neither_str_nor_bytes_is_refused_not_turned_into_zero_by
     with pytest.raises((TypeError, Agent2PCError)):
         tx.stage_write("x.txt", 12345)
     assert tx.status()["ops"] == 0
+
+
+def test_errors_name_the_library_parameters_not_cli_flags(tree, client):
+    tx = client.begin()
+    write(tree, "src/c.py", "x = 1\nx = 1\n")
+    cases = [
+        (lambda: tx.stage_replace("src/a.py", "", "y"), "`old` must not be empty", ("old",)),
+        (lambda: tx.stage_replace("src/c.py", "x = 1", "y"), "or set `all`", ("old", "all")),
+        (lambda: tx.stage_cmd("true", network=True), "`network` only makes sense with `sandbox`",
+         ("network", "sandbox")),
+    ]
+    for call, words, params in cases:
+        with pytest.raises(Agent2PCError) as info:
+            call()
+        assert words in info.value.message and "--" not in info.value.message, info.value
+        assert info.value.params == params
+        assert "params" not in info.value.to_json()
+
+
+def test_the_faces_steps_are_library_methods(tree, client):
+    """What the CLI and the MCP server need beyond the contract's methods."""
+    assert client.find_root(tree) == tree
+    tx = client.get("tx-20200101-000000-abcdef", check=False)  # checked by each step
+    with pytest.raises(Agent2PCError) as info:
+        tx.commit()
+    assert info.value.code == "unknown_tid"
+    tx = client.begin()
+    assert tx.record_read_result("./src/a.py") == {
+        "path": "src/a.py", "sha256": hashlib.sha256(b"a = 1\n").hexdigest()}
+    fd = os.open(os.path.join(tree, "src/b.py"), os.O_RDONLY)
+    try:
+        assert tx.stage_write_file("src/copy.py", fd)["bytes"] == len("b = 1\n")
+    finally:
+        os.close(fd)
+    with pytest.raises(Agent2PCError) as info:
+        tx.stage_vm()
+    assert info.value.code == "isolation_unavailable"
+    assert tx.commit()["state"] == "committed" and read(tree, "src/copy.py") == b"b = 1\n"
+    client.close()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 

@@ -36,11 +36,15 @@ that goes with it. Errors are grouped by what the caller may conclude:
     `-- UnknownOutcome      (something may have happened: hold the fence)            1
 
 A bug is not an Agent2PCError: an invariant violation raises AssertionError and crashes.
+
+Messages speak of the library's parameters, quoted as in `timeout_ms` must be ..., never of a
+face's spelling of them: ``params`` names those the message quotes, and a face may respell them
+(the CLI shows --timeout-ms, cli/output.py). ``params`` is not part of the JSON result.
 """
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -51,11 +55,13 @@ class Agent2PCError(Exception):
     code = "internal"
     exit_status = 2
 
-    def __init__(self, message: str, *, code: str | None = None, **details: Any) -> None:
+    def __init__(self, message: str, *, code: str | None = None,
+                 params: tuple[str, ...] = (), **details: Any) -> None:
         super().__init__(message)
         self.message = message
         if code is not None:
             self.code = code
+        self.params = params
         self.details = details
 
     def to_json(self) -> dict[str, Any]:

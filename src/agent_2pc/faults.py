@@ -22,7 +22,7 @@ import errno as _errno
 import os
 import sys
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 

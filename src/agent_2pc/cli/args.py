@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..errors import UsageError
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

@@ -12,7 +12,7 @@ from .args import FLAG, MULTI, Command, Opt, int_arg
 from .fence import FENCE
 from .mcp import MCP
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -70,42 +70,41 @@ def text_trust(r: dict[str, Any]) -> str:
 
 
 def run_begin(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.begin(timeout_ms=args["timeout_ms"], label=args["label"])
+    return {"tid": ctx.client().begin(timeout_ms=args["timeout_ms"], label=args["label"]).tid}
 
 
 def run_record_read(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.record_read(args["tid"], args["path"])
+    return ctx.tx(args).record_read_result(args["path"])
 
 
 def run_stage_write(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    engine = ctx.client().engine
+    tx = ctx.tx(args)
     if args["content"] is not None:
-        return engine.stage_write(args["tid"], args["path"], args["content"].encode(
-            "utf-8", "surrogateescape"), mode=args["mode"])
+        return tx.stage_write(args["path"], args["content"].encode("utf-8", "surrogateescape"),
+                              mode=args["mode"])
     from .inputs import open_source
 
     fd = 0 if args["stdin"] else open_source(args["from_file"])
     try:
-        return engine.stage_write(args["tid"], args["path"], src_fd=fd, mode=args["mode"])
+        return tx.stage_write_file(args["path"], fd, mode=args["mode"])
     finally:
         if fd:
             os.close(fd)
 
 
 def run_stage_delete(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.stage_delete(args["tid"], args["path"])
+    return ctx.tx(args).stage_delete(args["path"])
 
 
 def run_stage_replace(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.stage_replace(args["tid"], args["path"], args["old"],
-                                             args["new"], all=args["all"])
+    return ctx.tx(args).stage_replace(args["path"], args["old"], args["new"], all=args["all"])
 
 
 def run_stage_patch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     from .inputs import read_input
 
     patch = read_input("-" if args["stdin"] else args["patch_file"])
-    return ctx.client().engine.stage_patch(args["tid"], patch)
+    return ctx.tx(args).stage_patch(patch)
 
 
 def _json_arg(flag: str, value: str | None) -> Any:
@@ -125,9 +124,8 @@ def run_stage_api(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     if args["compensate_method"] or args["compensate_url"] or args["compensate_body"]:
         compensate = {"method": args["compensate_method"], "url": args["compensate_url"],
                       "body": _json_arg("--compensate-body", args["compensate_body"])}
-    return ctx.client().engine.stage_api(
-        args["tid"], args["method"], args["url"], _json_arg("--body", args["body"]), headers,
-        args["idempotency_key"], compensate)
+    return ctx.tx(args).stage_api(args["method"], args["url"], _json_arg("--body", args["body"]),
+                                  headers, args["idempotency_key"], compensate)
 
 
 def _limits(args: dict[str, Any]) -> dict[str, int]:
@@ -145,8 +143,8 @@ def _env(items: list[str]) -> dict[str, str]:
 
 
 def run_stage_cmd(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.stage_cmd(
-        args["tid"], args["command"], timeout_ms=args["timeout_ms"], promote=args["promote"],
+    return ctx.tx(args).stage_cmd(
+        args["command"], timeout_ms=args["timeout_ms"], promote=args["promote"],
         sandbox=args.get("sandbox", False), network=args.get("network", False),
         limits=_limits(args) or None, working_dir=args["working_dir"], env=_env(args["env"]))
 
@@ -154,10 +152,10 @@ def run_stage_cmd(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
     if not args["argv"]:
         raise UsageError("exec needs a command after '--': agent-2pc exec --tid T -- CMD ARGS")
-    out = ctx.client().engine.exec_cmd(args["tid"], args["argv"], timeout_ms=args["timeout_ms"],
-                                       interactive=True, stdout_fd=2 if ctx.json else None,
-                                       keep_on_failure=args["keep_on_failure"],
-                                       sandbox=args["sandbox"], network=args["network"])
+    out = ctx.tx(args).exec(args["argv"], timeout_ms=args["timeout_ms"], interactive=True,
+                            stdout_fd=2 if ctx.json else None,
+                            keep_on_failure=args["keep_on_failure"], sandbox=args["sandbox"],
+                            network=args["network"])
     if ctx.json:
         return out
     import sys
@@ -167,12 +165,12 @@ def run_exec(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def run_stage_kept(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.stage_kept(args["tid"])
+    return ctx.tx(args).stage_kept()
 
 
 def run_stage_wasm(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
-    out = ctx.client().engine.stage_wasm(
-        args["tid"], args["module"], args["argv"], fuel=args["fuel"],
+    out = ctx.tx(args).stage_wasm(
+        args["module"], args["argv"], fuel=args["fuel"],
         max_memory_mb=args["max_memory_mb"], timeout_ms=args["timeout_ms"], interactive=True,
         stdout_fd=2 if ctx.json else None)
     if ctx.json:
@@ -184,18 +182,15 @@ def run_stage_wasm(ctx: Any, args: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def run_stage_vm(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    from ..coordinator.runs import stage_vm_unavailable
-
-    ctx.client().engine.status(args["tid"])  # an unknown tid is still unknown_tid
-    raise stage_vm_unavailable()
+    return ctx.tx(args).stage_vm()
 
 
 def run_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.diff(args["tid"], stat_only=args["stat"])
+    return ctx.tx(args).diff(stat=args["stat"])
 
 
 def run_status(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.status(args["tid"])
+    return ctx.client().status(args["tid"])
 
 
 def run_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -203,40 +198,39 @@ def run_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
     if args["state"] is not None and args["state"] not in STATES:
         raise UsageError(f"--state is one of {', '.join(STATES)}")
-    return {"transactions": ctx.client().engine.transactions(args["state"])}
+    return {"transactions": ctx.client().transactions(args["state"])}
 
 
 def run_savepoint(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.savepoint(args["tid"], args["name"])
+    return ctx.tx(args).savepoint(args["name"])
 
 
 def run_rollback_to(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.rollback_to(args["tid"], args["name"])
+    return ctx.tx(args).rollback_to(args["name"])
 
 
 def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.commit(args["tid"])
+    return ctx.tx(args).commit()
 
 
 def run_abort(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.abort(args["tid"], args["reason"])
+    return ctx.tx(args).abort(args["reason"])
 
 
 def run_recover(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.recover()
+    return ctx.client().recover()
 
 
 def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.client().engine.compact()
+    return ctx.client().compact()
 
 
 def run_batch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    from ..coordinator.batch import run_batch as run
     from ..core.jsonin import JSON_BYTES_MAX
     from .inputs import read_input
 
     data = read_input(args["file"], "the manifest", JSON_BYTES_MAX)
-    return run(ctx.client(), data)
+    return ctx.client().run_batch(data)
 
 
 def run_demo(ctx: Any, args: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import os
 
 from ..errors import UsageError
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

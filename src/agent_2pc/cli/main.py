@@ -5,16 +5,17 @@ No business logic lives here; see commands.py for the command table.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from ..errors import Agent2PCError, IoFailed, UsageError
 from .args import HelpRequested, parse
 from .output import emit, emit_error
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    from ..coordinator.client import Agent2PC, Transaction
 
 
 class Context:
@@ -23,20 +24,25 @@ class Context:
     def __init__(self, args: dict[str, Any]) -> None:
         self.json: bool = bool(args.get("json"))
         self.root_arg: str | None = args.get("root")
-        self._client: Any = None
+        self._client: Agent2PC | None = None
 
     def root(self) -> str:
         """The workspace root (raises NotInitialized when there is none)."""
-        from ..coordinator._locate import locate_root
+        from ..coordinator.client import Agent2PC
 
-        return locate_root(self.root_arg or os.environ.get("AGENT2PC_ROOT"))
+        return Agent2PC.find_root(self.root_arg)
 
-    def client(self) -> Any:
+    def client(self) -> Agent2PC:
         if self._client is None:
             from ..coordinator.client import Agent2PC
 
             self._client = Agent2PC(self.root())
         return self._client
+
+    def tx(self, args: dict[str, Any]) -> Transaction:
+        """The transaction ``--tid`` names, unchecked: each step checks it after its own
+        arguments."""
+        return self.client().get(args["tid"], check=False)
 
 
 # Options whose bytes are content, passed on as they are (surrogate escapes turn back into the

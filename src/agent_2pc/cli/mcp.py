@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..errors import UsageError
 from .args import VALUE, Command, Opt
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

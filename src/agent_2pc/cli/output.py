@@ -1,7 +1,7 @@
 """Rendering of results: one JSON object with ``--json``, readable text otherwise.
 
 Every command returns a dict (its contract result without ``ok``) or raises an Agent2PCError.
-The JSON shape is the same for the CLI and the MCP server; text is for people.
+The JSON shape is results.py's, the MCP server's too; text is for people.
 """
 
 from __future__ import annotations
@@ -9,32 +9,13 @@ from __future__ import annotations
 import json
 import sys
 
-from ..errors import Agent2PCError, CheckFailed, TransactionAborted
+from ..results import failure, success
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 
-
-def success(result: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": True}
-    out.update(result)
-    return out
-
-
-def failure(err: Agent2PCError) -> dict[str, Any]:
-    out: dict[str, Any] = {"ok": False}
-    if isinstance(err, TransactionAborted) and err.tid:
-        out["tid"] = err.tid
-        out["state"] = "aborted"
-    elif isinstance(err, CheckFailed) and err.tid:
-        out["tid"] = err.tid
-    extra = err.details.get("result")
-    if isinstance(extra, dict):
-        out.update(extra)
-    error = {k: v for k, v in err.to_json().items() if k != "result"}
-    out["error"] = error
-    return out
+    from ..errors import Agent2PCError
 
 
 def emit_json(obj: dict[str, Any]) -> None:
@@ -67,7 +48,16 @@ def emit(result: dict[str, Any], as_json: bool,
         sys.stdout.write(rendered.rstrip("\n") + "\n")
 
 
+def with_flags(err: Agent2PCError) -> Agent2PCError:
+    """``err`` with the parameters its message quotes (``err.params``, as in "`timeout_ms`
+    must be ...") spelled as the CLI's flags: "--timeout-ms must be ..."."""
+    for name in err.params:
+        err.message = err.message.replace(f"`{name}`", "--" + name.replace("_", "-"))
+    return err
+
+
 def emit_error(err: Agent2PCError, as_json: bool) -> None:
+    err = with_flags(err)
     if as_json:
         emit_json(failure(err))
         return

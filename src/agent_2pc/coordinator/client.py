@@ -2,7 +2,12 @@
 
 Thin over the engine: every method returns the same dict that the CLI prints with ``--json``
 (without ``ok``), and raises the errors of agent_2pc.errors. ``Transaction.commit`` raises
-``TransactionAborted`` (with ``.code`` and ``.reason``) when the answer is no.
+``TransactionAborted`` (with ``.code`` and ``.reason``) when the answer is no. The CLI and the
+MCP server are faces over this module and nothing below it: a step a face needs is a method
+here (docs/library.md lists them). The exceptions to "the same dict": ``Agent2PC.begin`` and
+``get`` return a ``Transaction`` (the CLI prints ``{tid}``), ``Transaction.record_read`` the
+hash (``record_read_result``: the CLI's ``{path, sha256}``), ``read`` the content, ``state``
+the state's name and ``status`` the transaction's row.
 
     client = Agent2PC(".")                      # the workspace at or above "."
     with client.transaction(label="fix") as tx:  # commits on a clean exit, aborts on exception
@@ -18,7 +23,7 @@ from ..storage.workspace import init as init_workspace
 from ._locate import check_writable, locate_root
 from .engine import Engine
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
 
@@ -34,6 +39,18 @@ class Agent2PC:
             self.root = locate_root(cwd=os.fspath(root) if root is not None else None)
         check_writable(self.root)
         self.engine = Engine(self.root)
+
+    @staticmethod
+    def find_root(root: str | os.PathLike[str] | None = None) -> str:
+        """The root of the workspace at ``root`` exactly, else at $AGENT2PC_ROOT, else the
+        nearest one at or above the working directory, without opening it (NotInitialized
+        if there is none; inside a staged view the message says why). The CLI's ``--root``."""
+        given = os.fspath(root) if root is not None else ""
+        return locate_root(given or os.environ.get("AGENT2PC_ROOT"))
+
+    def close(self) -> None:
+        """Release the log and the fence's store; the client is not used afterwards."""
+        self.engine.close()
 
     @classmethod
     def init(cls, root: str | os.PathLike[str] = ".") -> "Agent2PC":
@@ -61,9 +78,12 @@ class Agent2PC:
     def begin(self, timeout_ms: int | None = None, label: str | None = None) -> "Transaction":
         return Transaction(self, self.engine.begin(timeout_ms=timeout_ms, label=label)["tid"])
 
-    def get(self, tid: str) -> "Transaction":
-        """A handle on an existing transaction (checked: unknown ids raise UnknownTid)."""
-        self.engine.status(tid)
+    def get(self, tid: str, check: bool = True) -> "Transaction":
+        """A handle on an existing transaction (checked: unknown ids raise UnknownTid).
+        ``check=False`` skips the look-up: each step then checks the tid itself, after its
+        own arguments (what the CLI and the MCP server do)."""
+        if check:
+            self.engine.status(tid)
         return Transaction(self, tid)
 
     def transaction(self, timeout_ms: int | None = None, label: str | None = None
@@ -84,7 +104,7 @@ class Agent2PC:
     def status(self, tid: str | None = None) -> dict[str, Any]:
         return self.engine.status(tid)
 
-    def run_batch(self, manifest: dict[str, Any] | str) -> dict[str, Any]:
+    def run_batch(self, manifest: dict[str, Any] | str | bytes) -> dict[str, Any]:
         from .batch import run_batch
 
         return run_batch(self, manifest)
@@ -114,7 +134,12 @@ class Transaction:
 
     def record_read(self, path: str) -> str | None:
         """Remember ``path``'s content hash; commit aborts with ``conflict`` if it changes."""
-        return self._engine.record_read(self.tid, path)["sha256"]  # type: ignore[no-any-return]
+        return self.record_read_result(path)["sha256"]  # type: ignore[no-any-return]
+
+    def record_read_result(self, path: str) -> dict[str, Any]:
+        """``record_read``, answering ``{path, sha256}`` as the CLI's ``record-read`` does
+        (``path`` relative to the root, as resolved)."""
+        return self._engine.record_read(self.tid, path)
 
     def stage_write(self, path: str, content: str | bytes, mode: int | None = None,
                     create_dirs: bool = True) -> dict[str, Any]:
@@ -134,9 +159,12 @@ class Transaction:
         return self._engine.stage_write(self.tid, path, data, mode=mode,
                                         create_dirs=create_dirs)
 
-    def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes],
+    def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes] | int,
                          mode: int | None = None) -> dict[str, Any]:
-        """Stage the content of a file (a path or a binary file object), streamed."""
+        """Stage the content of a file (a path, a binary file object, or an open descriptor,
+        read from where it stands and left open), streamed."""
+        if isinstance(source, int):
+            return self._engine.stage_write(self.tid, path, src_fd=source, mode=mode)
         if isinstance(source, (str, os.PathLike)):
             fd = os.open(os.fspath(source), os.O_RDONLY)
             try:
@@ -180,25 +208,39 @@ class Transaction:
 
     def exec(self, argv: list[str], timeout_ms: int | None = None,
              interactive: bool = False, keep_on_failure: bool = False,
-             sandbox: bool = False, network: bool = False) -> dict[str, Any]:
+             sandbox: bool = False, network: bool = False, stdout_fd: int | None = None
+             ) -> dict[str, Any]:
         """Run a command in the staged view and stage what it created, changed and deleted.
         A failing command stages nothing and raises CheckFailed (``command_failed``), unless
         ``keep_on_failure``: then what it changed is staged all the same (and it still
         raises). A failed session on a terminal keeps its changes aside for ``stage_kept``.
-        ``sandbox`` (and ``network``): confined as ``stage_cmd(sandbox=True)``."""
+        ``sandbox`` (and ``network``): confined as ``stage_cmd(sandbox=True)``.
+        ``interactive``: the command gets this process's terminal (its own pty) and standard
+        streams, its output going to ``stdout_fd`` when given (the CLI's ``exec --json``: 2)."""
         return self._engine.exec_cmd(self.tid, argv, timeout_ms, interactive=interactive,
-                                     keep_on_failure=keep_on_failure, sandbox=sandbox,
-                                     network=network)
+                                     stdout_fd=stdout_fd, keep_on_failure=keep_on_failure,
+                                     sandbox=sandbox, network=network)
 
     def stage_kept(self) -> dict[str, Any]:
         """Stage what the last failed terminal session of exec kept aside."""
         return self._engine.stage_kept(self.tid)
 
     def stage_wasm(self, module: str, args: list[str] | None = None, fuel: int | None = None,
-                   max_memory_mb: int | None = None, timeout_ms: int | None = None
+                   max_memory_mb: int | None = None, timeout_ms: int | None = None,
+                   interactive: bool = False, stdout_fd: int | None = None
                    ) -> dict[str, Any]:
-        """Run a WASI module (wasmtime) in the staged view and stage what it wrote."""
-        return self._engine.stage_wasm(self.tid, module, args, fuel, max_memory_mb, timeout_ms)
+        """Run a WASI module (wasmtime) in the staged view and stage what it wrote.
+        ``interactive`` and ``stdout_fd`` as for ``exec``."""
+        return self._engine.stage_wasm(self.tid, module, args, fuel, max_memory_mb, timeout_ms,
+                                       interactive=interactive, stdout_fd=stdout_fd)
+
+    def stage_vm(self) -> dict[str, Any]:
+        """Run a step in a microVM: not in this build. Checks the tid (UnknownTid), then
+        raises IsolationUnavailable saying what this host lacks (``details["missing"]``)."""
+        from .runs import stage_vm_unavailable
+
+        self._engine.status(self.tid)
+        raise stage_vm_unavailable()
 
     def overlay_exec(self, command: str | list[str], timeout_ms: int | None = None,
                      sandbox: bool = False, network: bool = False) -> dict[str, Any]:

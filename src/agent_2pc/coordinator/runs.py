@@ -72,7 +72,8 @@ def _timeout_s(timeout_ms: int | None) -> float:
         timeout_ms = TIMEOUT_MS_DEFAULT
     if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
             0 < timeout_ms <= TIMEOUT_MS_MAX):
-        raise UsageError(f"--timeout-ms must be between 1 and {TIMEOUT_MS_MAX}")
+        raise UsageError(f"`timeout_ms` must be between 1 and {TIMEOUT_MS_MAX}",
+                         params=("timeout_ms",))
     return timeout_ms / 1000.0
 
 
@@ -119,10 +120,10 @@ def _glob_matcher(globs: list[str]) -> Callable[[str], bool]:
     from fnmatch import fnmatchcase
 
     if len(globs) > PROMOTE_GLOBS_MAX:
-        raise UsageError(f"at most {PROMOTE_GLOBS_MAX} --promote globs")
+        raise UsageError(f"at most {PROMOTE_GLOBS_MAX} `promote` globs", params=("promote",))
     for g in globs:
         if not isinstance(g, str) or not g:
-            raise UsageError("a --promote glob is a non-empty string")
+            raise UsageError("a `promote` glob is a non-empty string", params=("promote",))
     return lambda path: any(fnmatchcase(path, g) for g in globs)
 
 
@@ -200,7 +201,8 @@ class Runs:
         promote = list(promote or [])
         select = _glob_matcher(promote) if promote else None
         if network and not sandbox:
-            raise UsageError("--network only makes sense with --sandbox")
+            raise UsageError("`network` only makes sense with `sandbox`",
+                             params=("network", "sandbox"))
         if limits:
             from ..isolation import Limits
 
@@ -574,7 +576,8 @@ def _names_are_text(changes: list[Any]) -> None:
 
 def _check_network(sandbox: bool, network: bool) -> None:
     if network and not sandbox:
-        raise UsageError("--network only makes sense with --sandbox")
+        raise UsageError("`network` only makes sense with `sandbox`",
+                         params=("network", "sandbox"))
 
 
 def _last_lines(result: dict[str, Any], n: int = 3) -> str:
@@ -629,4 +632,5 @@ def stage_vm_unavailable() -> Agent2PCError:
         why = (f"KVM and {monitors[0]} are here, but agent-2pc does not run steps in microVMs "
                "yet")
     return IsolationUnavailable(f"stage-vm cannot run on this host: {why}. Use stage-cmd "
-                                "--sandbox for confinement.", missing=missing)
+                                "with `sandbox` for confinement.", missing=missing,
+                                params=("sandbox",))

@@ -347,7 +347,7 @@ class Staging:
         old_b = old.encode("utf-8", "surrogateescape") if isinstance(old, str) else old
         new_b = new.encode("utf-8", "surrogateescape") if isinstance(new, str) else new
         if not old_b:
-            raise UsageError("--old must not be empty")
+            raise UsageError("`old` must not be empty", params=("old",))
         rel = resolve(self.root, path)
         with self.active(tid) as tx:
             content = self._view_read(tx, rel)
@@ -355,11 +355,11 @@ class Staging:
                 raise NotFound(f"{rel} does not exist in the staged view", path=rel)
             count = content.count(old_b)
             if count == 0:
-                raise NoMatch(f"--old does not occur in {rel}", path=rel)
+                raise NoMatch(f"`old` does not occur in {rel}", path=rel, params=("old",))
             if count > 1 and not all:
-                raise AmbiguousMatch(f"--old occurs {count} times in {rel}; make it unique "
-                                     "with more context, or pass --all", path=rel,
-                                     matches=count)
+                raise AmbiguousMatch(f"`old` occurs {count} times in {rel}; make it unique "
+                                     "with more context, or set `all`", path=rel,
+                                     matches=count, params=("old", "all"))
             updated = content.replace(old_b, new_b)
             blob = self.blobs.put_bytes(updated)
             self._append_staged([self._stage_rec(tid, rel, "write", "replace", blob.digest,
@@ -592,7 +592,8 @@ def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, A
             raise UsageError(f"bad header {name!r}: a name of letters, digits, '-', '_' and a "
                              "single-line value")
         if name.lower() == "idempotency-key":
-            raise UsageError("set the key with --idempotency-key, not as a header")
+            raise UsageError("set the key with `idempotency_key`, not as a header",
+                             params=("idempotency_key",))
         clean[name] = value
     if len(clean) > HEADERS_MAX:
         raise UsageError(f"at most {HEADERS_MAX} headers")

@@ -18,7 +18,7 @@ import re
 
 from .states import DIR_FINGERPRINT, OP_KINDS, Tx
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -18,7 +18,7 @@ import json
 
 from ..errors import UsageError
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .states import ABORTING, ACTIVE, COMMITTING, PREPARING, Tx
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable, Iterable
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -20,7 +20,7 @@ import json
 
 from ..storage.hashing import sha256_bytes
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

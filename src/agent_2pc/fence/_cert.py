@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ._canon import CanonicalError, canonical, sha256_hex
 from ._record import Record
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
     from typing import Any, Union

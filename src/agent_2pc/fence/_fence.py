@@ -15,7 +15,7 @@ from ._ledger import reconcile as _reconcile
 from ._store import REFUSED_PREFIX, CounterBuffer, Store
 from ._types import AbortResult, EffectRequest, Fresh, Replay, Ticket, canonical_json, check_intent
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from typing import Any

@@ -35,7 +35,7 @@ from ._cert import Certificate, merge
 from ._record import Record
 from ._types import REASON_CHARS_MAX, AbortResult, EffectRequest, Fresh, Replay, Ticket
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from typing import Any, Protocol

@@ -12,7 +12,7 @@ import time
 from ._ledger import DONE, FAILED, FENCED, RUNNING, STATES, Decision, Domain, Entry
 from ._store import BaseTxn, CounterBuffer, Store
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

@@ -9,7 +9,7 @@ it gets keyword/positional construction, immutability, ``==`` over the fields, a
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, TypeVar
 

@@ -66,7 +66,7 @@ from abc import ABC, abstractmethod
 
 from ._ledger import Decision, Domain, Entry
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from typing import Any

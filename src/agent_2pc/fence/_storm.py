@@ -131,7 +131,8 @@ def storm(url: str, *, attempts: int, workers: int, processes: int = 1,
     if attempts < workers:
         raise UsageError("attempts must be at least workers")
     if processes > 1 and url.startswith("memory://"):
-        raise UsageError("the memory store lives in one process: use --processes 1")
+        raise UsageError("the memory store lives in one process: `processes` must be 1",
+                         params=("processes",))
     if not isinstance(hold_s, (int, float)) or not 0 <= hold_s <= 60:
         raise UsageError("hold_s must be in [0, 60]")
     intent = intent or f"storm-{uuid.uuid4().hex[:16]}"

@@ -15,7 +15,7 @@ from ._canon import CanonicalError, canonical, sha256_hex
 from ._cert import Certificate
 from ._record import Record
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

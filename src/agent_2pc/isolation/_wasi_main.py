@@ -159,7 +159,7 @@ class _MemoryLimit:
     def _over(self, size: int) -> str:
         self.refused.append(size)
         return (f"a linear memory of {size} bytes is over the limit of {self.limit} bytes "
-                f"({self.limit >> 20} MiB, --max-memory-mb)")
+                f"({self.limit >> 20} MiB, max_memory_mb)")
 
     def _new_memory(self, env: Any, ty: Any, minimum: int, maximum: int, reserved: int,
                     guard: int, ret: Any) -> int:

@@ -11,7 +11,7 @@ docs/mcp.md is the user's guide.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Sequence
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import mcp_types as types
 
-from ..cli.output import failure
-from ..cli.output import success as _success
 from ..errors import Agent2PCError
+from ..results import failure, refusal
+from ..results import success as _success
 
 
 def _safe(obj: dict[str, Any]) -> tuple[dict[str, Any], str]:
@@ -48,8 +48,7 @@ def error(err: Agent2PCError) -> types.CallToolResult:
 
 def coded(code: str, message: str, **details: Any) -> types.CallToolResult:
     """An isError result with a code of ours (used by ``mcp wrap`` for its own refusals)."""
-    return result({"ok": False, "error": {"code": code, "message": message, **details}},
-                  is_error=True)
+    return result(refusal(code, message, **details), is_error=True)
 
 
 def internal(exc: BaseException) -> types.CallToolResult:

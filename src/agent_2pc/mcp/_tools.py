@@ -2,13 +2,14 @@
 
 A row names the tool, says when to use it (the description is written for a model), gives its
 input model and the success shape(s) of its result (_models.py), the library call, and honest
-annotations. The call runs in a worker thread and returns exactly the dict the CLI prints with
-``--json``, without ``ok`` (it mirrors cli/commands.py and cli/fence.py); it raises the errors of
-agent_2pc.errors, which _server.py turns into ``ok: false`` results or ``isError`` results.
+annotations. The call goes through the public library (``Agent2PC``, ``Transaction``), runs in a
+worker thread and returns exactly the dict the CLI prints with ``--json``, without ``ok`` (it
+mirrors cli/commands.py and cli/fence.py); it raises the errors of agent_2pc.errors, which
+_server.py turns into ``ok: false`` results or ``isError`` results.
 
 Adding a tool is one ``ToolSpec(...)`` in TOOLS: a name, a description, an input model, an
 output model, ``call=lambda rt, a: ...`` and ``ann(...)``. ``requires="attr"`` registers the row
-only when the engine has that attribute (for steps being built). ``quick=True`` marks a step that
+only when ``Transaction`` has that method (for steps being built). ``quick=True`` marks a step that
 takes a fraction of a millisecond (it appends to the log, writes a blob): it runs on the event
 loop's thread when no other engine call is running, which saves the hop to a worker thread (about
 half a millisecond measured, half of a staging step); every other call runs in a worker thread.
@@ -21,12 +22,15 @@ import binascii
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel
 
 from ..errors import UsageError
 from . import _models as m
+
+if TYPE_CHECKING:
+    from ..coordinator.client import Agent2PC, Transaction
 
 INSTRUCTIONS = """\
 agent-2pc gives you database-grade transactions over this repository's files (and staged HTTP \
@@ -92,12 +96,12 @@ class ToolSpec:
     call: Callable[[Runtime, Any], dict[str, Any]]
     annotations: Annotations
     uses_engine: bool = True        # engine calls are serialized (one engine per server)
-    requires: str | None = None     # register only when the Engine has this attribute
+    requires: str | None = None     # register only when Transaction has this method
     quick: bool = False             # a short step: run on the event loop when the engine is free
 
 
 class Runtime:
-    """What the tools act on: the workspace's engine and the fence, opened on first use.
+    """What the tools act on: the workspace's client and the fence, opened on first use.
 
     The root is resolved on each call until a workspace is found (so that `agent-2pc init`
     after the server started is enough); then it is fixed for the server's life.
@@ -108,7 +112,7 @@ class Runtime:
         self.store_arg = store
         self.engine_lock = threading.Lock()
         self._lock = threading.Lock()
-        self._engine: Any = None
+        self._client: Agent2PC | None = None
         self._fence: Any = None
         self._root: str | None = None
 
@@ -119,13 +123,17 @@ class Runtime:
             self._root = find_root(self.root_arg or os.environ.get("AGENT2PC_ROOT"))
         return self._root
 
-    def engine(self) -> Any:
+    def client(self) -> Agent2PC:
         with self._lock:
-            if self._engine is None:
-                from ..coordinator.engine import Engine
+            if self._client is None:
+                from ..coordinator.client import Agent2PC
 
-                self._engine = Engine(self.root())
-            return self._engine
+                self._client = Agent2PC(self.root())
+            return self._client
+
+    def tx(self, tid: str) -> Transaction:
+        """The transaction ``tid`` names, unchecked: each step checks it after its arguments."""
+        return self.client().get(tid, check=False)
 
     def store_url(self) -> str:
         url = self.store_arg or os.environ.get("AGENT2PC_FENCE_STORE")
@@ -146,10 +154,10 @@ class Runtime:
             if self._fence is not None:
                 self._fence.close()
                 self._fence = None
-            if self._engine is not None:
+            if self._client is not None:
                 with self.engine_lock:
-                    self._engine.close()
-                self._engine = None
+                    self._client.close()
+                self._client = None
 
 
 # -- calls (they mirror cli/commands.py and cli/fence.py) -----------------------------------------
@@ -169,7 +177,7 @@ def _stage_write(rt: Runtime, a: m.StageWriteIn) -> dict[str, Any]:
         except (binascii.Error, ValueError):
             raise UsageError("content_base64 is not valid base64") from None
     mode = int(a.mode, 8) if a.mode is not None else None
-    return rt.engine().stage_write(a.tid, a.path, data, mode=mode)  # type: ignore[no-any-return]
+    return rt.tx(a.tid).stage_write(a.path, data, mode=mode)
 
 
 def _stage_api(rt: Runtime, a: m.StageApiIn) -> dict[str, Any]:
@@ -183,8 +191,8 @@ def _stage_api(rt: Runtime, a: m.StageApiIn) -> dict[str, Any]:
     if a.compensate_method or a.compensate_url or a.compensate_body is not None:
         compensate = {"method": a.compensate_method, "url": a.compensate_url,
                       "body": a.compensate_body}
-    return rt.engine().stage_api(  # type: ignore[no-any-return]
-        a.tid, a.method, a.url, a.body, headers, a.idempotency_key, compensate)
+    return rt.tx(a.tid).stage_api(a.method, a.url, a.body, headers, a.idempotency_key,
+                                  compensate)
 
 
 def _fence_prepare(rt: Runtime, a: m.FencePrepareIn) -> dict[str, Any]:
@@ -216,7 +224,7 @@ def _fence_reconcile(rt: Runtime, a: m.FenceReconcileIn) -> dict[str, Any]:
 def _status(rt: Runtime, a: m.StatusIn) -> dict[str, Any]:
     from ..coordinator.monitor import health
 
-    out: dict[str, Any] = rt.engine().status(a.tid)
+    out = rt.client().status(a.tid)
     out["health"] = health(rt.root())
     return out
 
@@ -238,7 +246,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "agent_2pc_commit (or agent_2pc_abort). Errors: not_initialized (the repository has no "
         "workspace: ask the user to run `agent-2pc init`).",
         m.BeginIn, (m.BeginOut,),
-        lambda rt, a: rt.engine().begin(timeout_ms=a.timeout_ms, label=a.label),
+        lambda rt, a: {"tid": rt.client().begin(timeout_ms=a.timeout_ms, label=a.label).tid},
         ann(), quick=True),
     ToolSpec(
         "agent_2pc_record_read", "Record a read",
@@ -246,7 +254,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "modify; the commit then aborts with conflict if someone changes it meanwhile. Returns "
         "{path, sha256} (sha256 null: the file is absent)." + _TID_ERRORS + _PATH_ERRORS,
         m.TidPathIn, (m.RecordReadOut,),
-        lambda rt, a: rt.engine().record_read(a.tid, a.path),
+        lambda rt, a: rt.tx(a.tid).record_read_result(a.path),
         ann(idempotent=True), quick=True),
     ToolSpec(
         "agent_2pc_stage_write", "Stage a file's content",
@@ -266,7 +274,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "whitespace), ambiguous_match (old occurs `matches` times: add surrounding lines or set "
         "all), not_found (no such file)." + _TID_ERRORS + _PATH_ERRORS,
         m.StageDiffIn, (m.ReplaceOut,),
-        lambda rt, a: rt.engine().stage_replace(a.tid, a.path, a.old, a.new, all=a.all),
+        lambda rt, a: rt.tx(a.tid).stage_replace(a.path, a.old, a.new, all=a.all),
         ann(), quick=True),
     ToolSpec(
         "agent_2pc_stage_patch", "Stage a unified diff",
@@ -276,7 +284,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "patch_rejected (a hunk does not match the file: see path, hunk, expected/found; re-read "
         "the file, or use agent_2pc_stage_diff)." + _TID_ERRORS + _PATH_ERRORS,
         m.StagePatchIn, (m.PatchOut,),
-        lambda rt, a: rt.engine().stage_patch(a.tid, a.patch),
+        lambda rt, a: rt.tx(a.tid).stage_patch(a.patch),
         ann(), quick=True),
     ToolSpec(
         "agent_2pc_stage_delete", "Stage a deletion",
@@ -284,7 +292,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "\"delete\"}. Errors: not_found (the file does not exist in the staged view)."
         + _TID_ERRORS + _PATH_ERRORS,
         m.TidPathIn, (m.DeleteOut,),
-        lambda rt, a: rt.engine().stage_delete(a.tid, a.path),
+        lambda rt, a: rt.tx(a.tid).stage_delete(a.path),
         ann(), quick=True),
     ToolSpec(
         "agent_2pc_stage_api", "Stage an HTTP call",
@@ -306,9 +314,9 @@ TOOLS: tuple[ToolSpec, ...] = (
         "files the command writes (generated code, lock files) to stage. sandbox: also confine "
         "it (no network unless network). Errors: isolation_unavailable." + _TID_ERRORS,
         m.StageCmdIn, (m.StageCmdOut,),
-        lambda rt, a: rt.engine().stage_cmd(a.tid, a.command, timeout_ms=a.timeout_ms,
-                                            promote=a.promote, sandbox=a.sandbox,
-                                            network=a.network),
+        lambda rt, a: rt.tx(a.tid).stage_cmd(a.command, timeout_ms=a.timeout_ms,
+                                             promote=a.promote, sandbox=a.sandbox,
+                                             network=a.network),
         ann(idempotent=True, open_world=True), requires="stage_cmd"),
     ToolSpec(
         "agent_2pc_exec", "Run a command and stage what it writes",
@@ -320,11 +328,10 @@ TOOLS: tuple[ToolSpec, ...] = (
         "stages it all the same); the transaction stays active. sandbox: also confine it (no "
         "network unless network). Errors: isolation_unavailable." + _TID_ERRORS,
         m.ExecIn, (m.ExecOut,),
-        lambda rt, a: rt.engine().exec_cmd(a.tid, a.argv, timeout_ms=a.timeout_ms,
-                                           interactive=False, sandbox=a.sandbox,
-                                           network=a.network,
-                                           keep_on_failure=a.keep_on_failure),
-        ann(open_world=True), requires="exec_cmd"),
+        lambda rt, a: rt.tx(a.tid).exec(a.argv, timeout_ms=a.timeout_ms, interactive=False,
+                                        sandbox=a.sandbox, network=a.network,
+                                        keep_on_failure=a.keep_on_failure),
+        ann(open_world=True), requires="exec"),
     ToolSpec(
         "agent_2pc_overlay_exec", "Look around in the staged view",
         "Run a command in the staged view and return its output (tail, the last 64 KiB), "
@@ -333,23 +340,23 @@ TOOLS: tuple[ToolSpec, ...] = (
         "tail, isolation, log}. sandbox: also confine it (no network unless network)."
         + _TID_ERRORS,
         m.OverlayExecIn, (m.OverlayExecOut,),
-        lambda rt, a: rt.engine().view_run(a.tid, a.command, timeout_ms=a.timeout_ms,
-                                           sandbox=a.sandbox, network=a.network),
-        ann(read_only=True, open_world=True), requires="view_run"),
+        lambda rt, a: rt.tx(a.tid).overlay_exec(a.command, timeout_ms=a.timeout_ms,
+                                                sandbox=a.sandbox, network=a.network),
+        ann(read_only=True, open_world=True), requires="overlay_exec"),
     ToolSpec(
         "agent_2pc_diff", "Show the staged change",
         "Show what the transaction would change: {files: [{path, status, additions, "
         "deletions}], diff} where diff is a git-style patch (stat: a summary instead). Use it to "
         "review before committing." + _TID_ERRORS,
         m.DiffIn, (m.DiffOut,),
-        lambda rt, a: rt.engine().diff(a.tid, stat_only=a.stat),
+        lambda rt, a: rt.tx(a.tid).diff(stat=a.stat),
         READ_ONLY),
     ToolSpec(
         "agent_2pc_savepoint", "Mark a savepoint",
         "Mark a point in the transaction to roll back to later with agent_2pc_rollback_to. "
         "Returns {name}." + _TID_ERRORS,
         m.SavepointIn, (m.NameOut,),
-        lambda rt, a: rt.engine().savepoint(a.tid, a.name),
+        lambda rt, a: rt.tx(a.tid).savepoint(a.name),
         ann(), quick=True),
     ToolSpec(
         "agent_2pc_rollback_to", "Roll back to a savepoint",
@@ -357,7 +364,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "it again). Returns {name}. Errors: unknown_savepoint (see the known ones in the "
         "message)." + _TID_ERRORS,
         m.SavepointIn, (m.NameOut,),
-        lambda rt, a: rt.engine().rollback_to(a.tid, a.name),
+        lambda rt, a: rt.tx(a.tid).rollback_to(a.name),
         ann(destructive=True, idempotent=True), quick=True),
     ToolSpec(
         "agent_2pc_status", "Show transactions",
@@ -379,7 +386,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "apply_incomplete (decided but not fully applied: run `agent-2pc recover`), "
         "unknown_tid.",
         m.TidIn, (m.CommitOut,),
-        lambda rt, a: rt.engine().commit(a.tid),
+        lambda rt, a: rt.tx(a.tid).commit(),
         ann(destructive=True, idempotent=True, open_world=True)),
     ToolSpec(
         "agent_2pc_abort", "Abort the transaction",
@@ -387,7 +394,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Returns {tid, state: \"aborted\"}; aborting again answers the same. Errors: bad_state "
         "(it is already committed), unknown_tid.",
         m.AbortIn, (m.AbortOut,),
-        lambda rt, a: rt.engine().abort(a.tid, a.reason),
+        lambda rt, a: rt.tx(a.tid).abort(a.reason),
         ann(destructive=True, idempotent=True)),
     ToolSpec(
         "agent_2pc_compact", "Compact the log",
@@ -395,7 +402,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "garbage. Returns {before_bytes, after_bytes, blobs_collected, preimages_collected}. "
         "Rarely needed (it also happens automatically).",
         m.EmptyIn, (m.CompactOut,),
-        lambda rt, a: rt.engine().compact(),
+        lambda rt, a: rt.client().compact(),
         ann(idempotent=True)),
     ToolSpec(
         "fence_prepare", "Ask to run an effect exactly once",
@@ -457,10 +464,10 @@ NOOP = ToolSpec(
 
 
 def available(tools: tuple[ToolSpec, ...] = TOOLS) -> list[ToolSpec]:
-    """The rows this build can serve: gated rows only when the engine has their step."""
-    from ..coordinator.engine import Engine
+    """The rows this build can serve: gated rows only when the library has their step."""
+    from ..coordinator.client import Transaction
 
-    out = [t for t in tools if t.requires is None or hasattr(Engine, t.requires)]
+    out = [t for t in tools if t.requires is None or hasattr(Transaction, t.requires)]
     if os.environ.get("AGENT2PC_MCP_NOOP") == "1":
         out.append(NOOP)
     return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 import _sha256  # type: ignore[import-not-found]
 import os
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

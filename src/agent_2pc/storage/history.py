@@ -12,7 +12,7 @@ import os
 
 from .durable import fsync_fd, write_all
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Iterator
 

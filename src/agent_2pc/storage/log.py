@@ -29,7 +29,7 @@ from . import wal_format
 from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, write, write_all
 from .locks import FileLock
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

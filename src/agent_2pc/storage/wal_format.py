@@ -21,7 +21,7 @@ import json
 import struct
 import zlib
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

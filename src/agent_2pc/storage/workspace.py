@@ -36,7 +36,7 @@ import time
 
 from ..errors import CorruptWal, NotInitialized, UntrustedWorkspace, UsageError
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Callable
 
@@ -84,7 +84,7 @@ def find_root(explicit: str | None = None, cwd: str | None = None, *,
     With ``trusted`` (the default), one the user did not make here is refused."""
     if explicit is not None:
         if not explicit:
-            raise UsageError("--root is empty")
+            raise UsageError("`root` is empty", params=("root",))
         root = os.path.realpath(explicit)
         if not is_workspace(root):
             raise NotInitialized(f"no agent-2pc workspace at {root} (run 'agent-2pc init' there)",

@@ -275,7 +275,7 @@ def make_app(root: str, *, token: str, allow_actions: bool, hosts: set[str]) -> 
                     return tx.abort(reason="aborted from the web dashboard")
                 return tx.commit()
             finally:
-                client.engine.close()
+                client.close()
 
         try:
             out = await anyio.to_thread.run_sync(run)

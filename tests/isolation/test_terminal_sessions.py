@@ -269,7 +269,7 @@ def test_signals_sent_to_agent_2pc_reach_the_session(staged, term):
     assert done.group(1) == "0", term.screen()[start:]
 
 
-def test_a_session_whose_caller_is_killed_is_kept_by_recover(staged, term, tier):
+def test_a_session_whose_caller_is_killed_is_kept_by_recover(staged, term, tier, tmp_path):
     if tier == "copy":
         pytest.skip("the copy tier's capture needs the caller's picture of the copy: lost")
     tid = staged.tx.tid
@@ -278,6 +278,12 @@ def test_a_session_whose_caller_is_killed_is_kept_by_recover(staged, term, tier)
     term.wait_for(r"WROTE-3", after=start)
     os.kill(_caller(tid), signal.SIGKILL)  # the OOM killer, say
     term.wait_for(r"Killed", after=start)
+    # Another workspace's recover comes first: it sweeps this user's leftovers in the temp dir,
+    # and must leave the session's fuse-overlayfs upper to its own workspace.
+    other = tmp_path / "other"
+    other.mkdir()
+    subprocess.run([A2PC, "--root", str(other), "init"], check=True, capture_output=True)
+    subprocess.run([A2PC, "--root", str(other), "recover"], check=True, capture_output=True)
     mark = term.mark()
     term.type(f"{A2PC} recover; {A2PC} stage-kept --tid {tid}; echo RC-$?-KEPT")
     term.wait_for(r"RC-0-KEPT", after=mark)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import time
 
 from ._procs import ns_of_children, reap_namespace
 from ._remove import discard, rmtree
@@ -122,6 +123,31 @@ def _kill_runs_of(view_dir: str) -> int:
     return len(pids)
 
 
+# A fuse-overlayfs upper in the temp dir holds what a terminal session changed; the view's scratch
+# in its workspace links to it (view-*/upper). That workspace's ``recover`` salvages the session
+# and removes both; another workspace's ``recover`` (any recover sweeps this user's temp dirs)
+# must not take it first. One left a day is abandoned (its workspace gone or never recovered).
+UPPER_ABANDONED_S = 24 * 3600
+
+
+def _discard_upper_of(view_dir: str, trash: str | None) -> None:
+    """Remove the fuse-overlayfs upper dir outside the workspace that ``view_dir`` links to."""
+    try:
+        target = os.readlink(os.path.join(view_dir, "upper"))
+    except OSError:
+        return  # no link: an overlay view's upper is inside view_dir
+    mounts_dir = os.path.dirname(target)
+    if os.path.basename(mounts_dir).startswith(f"agent-2pc-{os.getuid()}-upper-"):
+        discard(mounts_dir, trash)
+
+
+def _abandoned(path: str) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > UPPER_ABANDONED_S
+    except OSError:
+        return False
+
+
 def sweep(scratch_root: str | None, trash: str | None = None,
           salvage: Callable[[str, str], None] | None = None) -> dict[str, int]:
     """Remove what views whose owner is gone left behind: their runs' processes, their
@@ -149,6 +175,7 @@ def sweep(scratch_root: str | None, trash: str | None = None,
                 out["processes"] += _kill_runs_of(view_dir)
                 if salvage is not None:
                     salvage(tid, view_dir)
+                _discard_upper_of(view_dir, trash)
                 discard(view_dir, trash)
                 out["views"] += 1
     uid = os.getuid()
@@ -163,6 +190,8 @@ def sweep(scratch_root: str | None, trash: str | None = None,
                 if tag is None or not owner_gone(tag):
                     continue
                 path = os.path.join(parent, name)
+                if kind == "upper" and not _abandoned(path):
+                    continue  # its workspace's recover salvages the session in it first
                 if kind in ("copy", "upper"):
                     discard(path)
                     out["copies"] += kind == "copy"

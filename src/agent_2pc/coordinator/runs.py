@@ -489,7 +489,8 @@ class Runs:
                     elif c.op == "symlink":
                         assert c.target is not None
                         rec = new_record("stage", tid, path=rel, op="symlink", via=via,
-                                        blob=None, size=0, mode=None, pre=pre, target=c.target)
+                                         blob=None, size=0, mode=None, pre=pre,
+                                         target=c.target)
                     elif c.op == "mkdir":
                         rec = self.staging.stage_record(tid, rel, "mkdir", via, None, 0,
                                                         c.mode, pre)

@@ -147,7 +147,7 @@ class Staging:
         return os.path.isfile(os.path.join(self.root, rel))
 
     def check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
-                         kind: str = "write") -> None:
+                        kind: str = "write") -> None:
         """A file (or link, or with ``kind`` mkdir a directory) may go at ``rel`` in the
         staged view: no parent is a file or link; a file or link replaces a directory of the
         tree only when the view has emptied it (every file below deleted: a commit's deletes
@@ -304,7 +304,7 @@ class Staging:
                 blob = self.blobs.put_fd(src_fd)
             crashpoints.hit("stage.after_blob")
             self.append_staged([self.stage_record(tid, rel, "write", via, blob.digest,
-                                                 blob.size, mode, pre)], [blob])
+                                                  blob.size, mode, pre)], [blob])
         return {"path": rel, "op": "write", "bytes": blob.size}
 
     def append_staged(self, records: list[dict[str, Any]], blobs: list[Pending]) -> None:
@@ -319,13 +319,14 @@ class Staging:
         for blob in blobs:
             blob.settle()
 
-    def stage_record(self, tid: str, rel: str, op: str, via: str, blob: str | None, size: int,
-                   mode: int | None, pre: str | None) -> dict[str, Any]:
+    def stage_record(self, tid: str, rel: str, op: str, via: str, blob: str | None,
+                     size: int, mode: int | None, pre: str | None) -> dict[str, Any]:
+        """A ``stage`` record of ``tid`` (the steps of runs.py build theirs here too)."""
         # Permission bits only: a mode given by a caller passed check_mode; one captured from
         # a command (exec, promote: a file it chmod'ed u+s, a directory that inherited g+s)
         # loses its setuid, setgid and sticky bits here.
         return new_record("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
-                         mode=None if mode is None else mode & MODE_MAX, pre=pre)
+                          mode=None if mode is None else mode & MODE_MAX, pre=pre)
 
     def stage_delete(self, tid: str, path: str) -> dict[str, Any]:
         rel = resolve(self.root, path)
@@ -334,8 +335,8 @@ class Staging:
             exists = (op.op != "delete") if op is not None else self._tree_fd_exists(rel)
             if not exists:
                 raise NotFound(f"{rel} does not exist in the staged view", path=rel)
-            self.journal.append([self.stage_record(tid, rel, "delete", "delete", None, 0, None,
-                                          self._pre(tx, rel))])
+            self.journal.append([self.stage_record(tid, rel, "delete", "delete", None, 0,
+                                                   None, self._pre(tx, rel))])
         return {"path": rel, "op": "delete"}
 
     def _tree_fd_exists(self, rel: str) -> bool:
@@ -367,7 +368,8 @@ class Staging:
             updated = content.replace(old_b, new_b)
             blob = self.blobs.put_bytes(updated)
             self.append_staged([self.stage_record(tid, rel, "write", "replace", blob.digest,
-                                                 blob.size, None, self._pre(tx, rel))], [blob])
+                                                  blob.size, None, self._pre(tx, rel))],
+                               [blob])
         return {"path": rel, "op": "replace", "replacements": count}
 
     def stage_patch(self, tid: str, patch: str | bytes) -> dict[str, Any]:
@@ -388,8 +390,8 @@ class Staging:
                 rel = resolve(self.root, p)
                 pre = self._pre(tx, rel)
                 if content is None:
-                    records.append(self.stage_record(tid, rel, "delete", "patch", None, 0, None,
-                                                   pre))
+                    records.append(self.stage_record(tid, rel, "delete", "patch", None, 0,
+                                                     None, pre))
                 else:
                     self.check_placeable(tx, rel)
                     blob = self.blobs.put_bytes(content)

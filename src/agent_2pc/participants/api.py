@@ -23,6 +23,9 @@ synced; after it, the outcome. A crash in between is resumed from the logged tic
 request with the same key, under the same lease. No ``sending`` record means it never left.
 A crash after the decision needs nothing from this participant: every call was settled before
 the decision.
+
+Staging a call (coordinator/staging.py) goes through ``http_call``, which checks the request and
+its compensation completely before anything is logged, and ``staged_effect``, its record.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from agent_2pc import Agent2PC
-from agent_2pc.coordinator import engine as engine_mod
+from agent_2pc.coordinator import compaction as compaction_mod
 from agent_2pc.storage import wal_format
 
 
@@ -17,7 +17,7 @@ def _records_in_log(root) -> int:
 def test_automatic_compaction_bounds_the_log_and_keeps_every_answer(tmp_path):
     client = Agent2PC.init(tmp_path)
     tids = []
-    for i in range(3 * engine_mod.COMPACT_FINISHED_MAX + 5):
+    for i in range(3 * compaction_mod.COMPACT_FINISHED_MAX + 5):
         tx = client.begin(label=f"n{i}")
         tx.stage_write(f"f{i % 7}.txt", f"{i}\n")
         tx.commit()
@@ -25,7 +25,7 @@ def test_automatic_compaction_bounds_the_log_and_keeps_every_answer(tmp_path):
     open_tx = client.begin(label="still open")
     open_tx.stage_write("open.txt", "pending\n")
     # At most one batch of finished transactions (5 records each) plus the open one.
-    assert _records_in_log(tmp_path) <= engine_mod.COMPACT_FINISHED_MAX * 5 + 2
+    assert _records_in_log(tmp_path) <= compaction_mod.COMPACT_FINISHED_MAX * 5 + 2
     rows = {r["tid"]: r for r in Agent2PC(tmp_path).transactions()}
     assert all(rows[t]["state"] == "committed" for t in tids)
     assert rows[open_tx.tid]["state"] == "active"
@@ -61,8 +61,8 @@ def test_garbage_collection_keeps_blobs_of_live_transactions(tmp_path, monkeypat
     dropped.abort()
     live = client.begin()
     live.stage_write("pending.txt", "still needed\n")
-    monkeypatch.setattr(engine_mod, "BLOB_GRACE_S", 0.0)
-    monkeypatch.setattr(engine_mod, "PREIMAGE_RETENTION_S", 0.0)
+    monkeypatch.setattr(compaction_mod, "BLOB_GRACE_S", 0.0)
+    monkeypatch.setattr(compaction_mod, "PREIMAGE_RETENTION_S", 0.0)
     out = client.compact()
     assert out["blobs_collected"] == 1 and out["preimages_collected"] == 1
     remaining = [e.name for fan in os.scandir(tmp_path / ".agent-tx" / "objects")

@@ -26,11 +26,12 @@ import time
 
 from ..core import jsonin
 from ..errors import Agent2PCError, InputError, InvalidManifest, TransactionAborted
-from .engine import TIMEOUT_MS_MAX
+from ..participants.api import http_call
 from .paths import check_path_text, resolve, resolve_dir
 from .runs import TIMEOUT_MS_DEFAULT, _glob_matcher, _timeout_s, check_env
 from .runs import _command as check_command
-from .staging import check_mode, http_call
+from .staging import check_mode
+from .twophase import TIMEOUT_MS_MAX
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:

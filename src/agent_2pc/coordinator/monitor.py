@@ -19,7 +19,7 @@ at the place named):
 
   R1 the log       storage.wal_format.decode of .agent-tx/wal.bin, opened O_RDONLY  (_WalTail)
   R2 the fold      core.states.apply_record and Tx: the engine's transaction table  (_WalTail)
-  R3 liveness      the byte of .agent-tx/txlocks that Engine._tx_lock takes          (_holder)
+  R3 liveness      the byte of .agent-tx/txlocks that Journal.tx_lock takes          (_holder)
   R4 staleness     core.recovery.stale_active and engine.boot_id                    (_row)
   R5 history       .agent-tx/history.jsonl lines, as engine.summary writes them     (_History)
   R6 the diff      Staging._diff_op and _too_big_to_diff, on a read-only subclass   (diff)

@@ -35,14 +35,17 @@ from ..errors import (
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import sha256_bytes
+from .journal import new_record
 from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve, resolve_dir
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any, Callable, ContextManager
+    from typing import Any, Callable
 
     from ..isolation import Change, RunResult, StagedView
-    from ..storage.workspace import Layout
+    from .gate import Gate
+    from .journal import Journal
+    from .staging import Staging
 
 TIMEOUT_MS_DEFAULT = 10 * 60 * 1000
 TIMEOUT_MS_MAX = 24 * 3600 * 1000
@@ -128,26 +131,22 @@ def _glob_matcher(globs: list[str]) -> Callable[[str], bool]:
 
 
 class Runs:
-    """Mixed into Engine: stage-cmd, exec and looking around in the staged view."""
+    """stage-cmd, exec and looking around in the staged view."""
 
-    root: str
-    blobs: BlobStore
-    layout: Layout
-    txs: dict[str, Tx]
-    active: Callable[[str], ContextManager[Tx]]
-    _append: Callable[..., None]
-    _rec: Callable[..., dict[str, Any]]
-    _append_staged: Callable[[list[dict[str, Any]], list[Pending]], None]
-    _stage_rec: Callable[..., dict[str, Any]]
-    _tree_fingerprint: Callable[[str], str | None]
-    _check_placeable: Callable[..., None]
-    _check_confined: Callable[[Tx], None]
+    def __init__(self, root: str, blobs: BlobStore, journal: Journal, gate: Gate,
+                 staging: Staging) -> None:
+        self.root = root
+        self.blobs = blobs
+        self.journal = journal
+        self.layout = journal.layout
+        self.gate = gate
+        self.staging = staging
 
     # -- the view ----------------------------------------------------------------------------
 
     def _snapshot(self, tid: str) -> Tx:
         """The transaction's state, checked active, read under its lock (then released)."""
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             return tx
 
     def _ignore(self) -> list[str]:
@@ -167,7 +166,7 @@ class Runs:
     def _view(self, tx: Tx, tier: str | None = None) -> StagedView:
         from ..isolation import StagedView
 
-        self._check_confined(tx)  # the view is built from the log's paths and blob names
+        self.journal.check_confined(tx)  # the view is built from the log's paths and blob names
         try:
             return StagedView(self.root, tx.changes(), self.blobs, tier=tier,
                               ignore=self._ignore(), scratch_dir=self.layout.tx_dir(tx.tid),
@@ -243,7 +242,7 @@ class Runs:
         result = _result_json(res)
         rec = {"key": check_key(command, options), "command": command, "options": options,
                "fingerprint": fp, **result}
-        self._append([self._rec("check", tx.tid, **rec)])
+        self.journal.append([new_record("check", tx.tid, **rec)])
         return result, staged
 
     def _run(self, view: StagedView, command: str | list[str], options: dict[str, Any],
@@ -272,13 +271,13 @@ class Runs:
     def run_stale_checks(self, tid: str) -> tuple[bool, str | None, dict[str, Any] | None]:
         """At commit: run again the checks whose staged content changed; then every check's
         latest run must have passed. Returns (ok, reason, failing check's result)."""
-        tx = self.txs[tid]
+        tx = self.journal.txs[tid]
         for rec in self.checks_to_run(tx):
             opts = rec["options"]
             select = _glob_matcher(opts["promote"]) if opts.get("promote") else None
-            self._run_check(self.txs[tid], rec["command"], opts,
+            self._run_check(self.journal.txs[tid], rec["command"], opts,
                             _timeout_s(opts.get("timeout_ms")), select)
-        for rec in self.txs[tid].checks.values():
+        for rec in self.journal.txs[tid].checks.values():
             if not rec["passed"]:
                 what = "timed out" if rec.get("timed_out") else f"exited {rec['exit_code']}"
                 return False, f"the check {rec['command']!r} {what} (log: {rec['log']})", rec
@@ -369,7 +368,7 @@ class Runs:
         from ..isolation._view import SESSION_MARK
         from . import kept
 
-        tx = self.txs.get(tid)
+        tx = self.journal.txs.get(tid)
         upper = os.path.join(view_dir, "upper")
         tier = next((t for t in (OVERLAY, FUSE)
                      if os.path.exists(os.path.join(view_dir, SESSION_MARK + t))), None)
@@ -474,7 +473,7 @@ class Runs:
         skipped = [dict(s) for s in skipped_in]
         staged: list[dict[str, Any]] = []
         pending: list[Pending] = []
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             records = []
             puts: dict[str, str] = {}  # path -> op, staged by this capture so far
             try:
@@ -486,15 +485,17 @@ class Runs:
                         continue
                     pre = self._pre_literal(tx, rel, below_link)
                     if c.op != "delete":
-                        self._check_placeable(tx, rel, puts, kind=c.op)
+                        self.staging.check_placeable(tx, rel, puts, kind=c.op)
                     if c.op == "delete":
-                        rec = self._stage_rec(tid, rel, "delete", via, None, 0, None, pre)
+                        rec = self.staging.stage_record(tid, rel, "delete", via, None, 0, None, pre)
                     elif c.op == "symlink":
                         assert c.target is not None
-                        rec = self._rec("stage", tid, path=rel, op="symlink", via=via,
-                                        blob=None, size=0, mode=None, pre=pre, target=c.target)
+                        rec = new_record("stage", tid, path=rel, op="symlink", via=via,
+                                         blob=None, size=0, mode=None, pre=pre,
+                                         target=c.target)
                     elif c.op == "mkdir":
-                        rec = self._stage_rec(tid, rel, "mkdir", via, None, 0, c.mode, pre)
+                        rec = self.staging.stage_record(tid, rel, "mkdir", via, None, 0,
+                                                        c.mode, pre)
                     else:
                         assert c.op == "write" and c.source is not None, c
                         fd = os.open(c.source, os.O_RDONLY | os.O_CLOEXEC)
@@ -503,8 +504,8 @@ class Runs:
                         finally:
                             os.close(fd)
                         pending.append(blob)
-                        rec = self._stage_rec(tid, rel, "write", via, blob.digest, blob.size,
-                                              c.mode, pre)
+                        rec = self.staging.stage_record(tid, rel, "write", via, blob.digest,
+                                                        blob.size, c.mode, pre)
                     records.append(rec)
                     puts[rel] = c.op
                     row = c.to_json()
@@ -516,7 +517,7 @@ class Runs:
                     p.discard()
                 raise
             if records:
-                self._append_staged(records, pending)
+                self.staging.append_staged(records, pending)
         return staged, skipped
 
     def _literal(self, tx: Tx, path: str, puts: dict[str, str]) -> tuple[str, bool]:
@@ -552,7 +553,7 @@ class Runs:
         op = tx.staged(rel)
         if op is not None:
             return op.pre
-        return None if below_link else self._tree_fingerprint(rel)
+        return None if below_link else self.staging.tree_fingerprint(rel)
 
 
 def _names_are_text(changes: list[Any]) -> None:

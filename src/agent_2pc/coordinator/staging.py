@@ -11,7 +11,7 @@ import os
 import stat
 
 from .. import crashpoints
-from ..core.states import DIR_FINGERPRINT, Op, Tx, effects_summary, iso_ms
+from ..core.states import DIR_FINGERPRINT, Op, Tx, iso_ms
 from ..errors import (
     AmbiguousMatch,
     NoMatch,
@@ -23,11 +23,16 @@ from ..errors import (
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
+from .journal import new_record
 from .paths import path_error, resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any, Callable, ContextManager
+    from typing import Any, Callable
+
+    from ..participants.base import Participant
+    from .gate import Gate
+    from .journal import Journal
 
 NAME_CHARS_MAX = 200
 DIFF_BYTES_MAX = 8 << 20  # larger files are summarized by size, not read for a text diff
@@ -57,16 +62,15 @@ def _check_name(name: Any) -> str:
 
 
 class Staging:
-    """Mixed into Engine: everything that stages, reads the staged view, or describes a tx."""
+    """Everything that stages, reads the staged view, or describes a transaction."""
 
-    root: str
-    blobs: BlobStore
-    txs: dict[str, Tx]
-    active: Callable[[str], ContextManager[Tx]]
-    locked: Callable[[str], ContextManager[Tx | dict[str, Any]]]
-    _append: Callable[..., None]
-    _rec: Callable[..., dict[str, Any]]
-    _refresh: Callable[[], None]
+    def __init__(self, root: str, blobs: BlobStore, journal: Journal, gate: Gate,
+                 participants: list[Participant]) -> None:
+        self.root = root
+        self.blobs = blobs
+        self.journal = journal
+        self.gate = gate
+        self.participants = participants
 
     # -- the tree and the view ---------------------------------------------------------------
 
@@ -142,8 +146,8 @@ class Staging:
             return kind in ("write", "symlink")
         return os.path.isfile(os.path.join(self.root, rel))
 
-    def _check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
-                         kind: str = "write") -> None:
+    def check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
+                        kind: str = "write") -> None:
         """A file (or link, or with ``kind`` mkdir a directory) may go at ``rel`` in the
         staged view: no parent is a file or link; a file or link replaces a directory of the
         tree only when the view has emptied it (every file below deleted: a commit's deletes
@@ -204,7 +208,7 @@ class Staging:
             return op.pre
         full = os.path.join(self.root, rel)
         if os.path.isdir(full) and not os.path.islink(full):
-            return DIR_FINGERPRINT  # an emptied directory a file replaces (_check_placeable)
+            return DIR_FINGERPRINT  # an emptied directory a file replaces (check_placeable)
         return self._tree_digest(rel)[0]
 
     def _tree_kind(self, rel: str) -> str | None:
@@ -241,7 +245,7 @@ class Staging:
         finally:
             os.close(fd)
 
-    def _tree_fingerprint(self, rel: str) -> str | None:
+    def tree_fingerprint(self, rel: str) -> str | None:
         """The fingerprint of what the tree holds at ``rel`` itself (participants/fs.py)."""
         kind = self._tree_kind(rel)
         full = os.path.join(self.root, rel)
@@ -259,21 +263,21 @@ class Staging:
 
     def record_read(self, tid: str, path: str) -> dict[str, Any]:
         rel = resolve(self.root, path)
-        with self.active(tid):
+        with self.gate.active(tid):
             digest, _ = self._tree_digest(rel)
-            self._append([self._rec("read", tid, path=rel, sha256=digest)])
+            self.journal.append([new_record("read", tid, path=rel, sha256=digest)])
         return {"path": rel, "sha256": digest}
 
     def read(self, tid: str, path: str) -> bytes | None:
         """The staged view's content of ``path`` (None: absent). When it comes from the tree,
         its hash is recorded as a read, so the commit aborts if the file changes meanwhile."""
         rel = resolve(self.root, path)
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             if tx.staged(rel) is not None:
                 return self._view_read(tx, rel)
             data = self._tree_read(rel)
             digest = None if data is None else sha256_bytes(data)
-            self._append([self._rec("read", tid, path=rel, sha256=digest)])
+            self.journal.append([new_record("read", tid, path=rel, sha256=digest)])
             return data
 
     def stage_write(self, tid: str, path: str, content: bytes | None = None, *,
@@ -285,8 +289,8 @@ class Staging:
         assert (content is None) != (src_fd is None)
         mode = check_mode(mode)
         rel = resolve(self.root, path)
-        with self.active(tid) as tx:
-            self._check_placeable(tx, rel)
+        with self.gate.active(tid) as tx:
+            self.check_placeable(tx, rel)
             parent = rel.rpartition("/")[0]
             if not create_dirs and not self._view_has_dir(tx, parent):
                 raise NotFound(f"{parent} is not a directory in the staged view (and "
@@ -299,15 +303,15 @@ class Staging:
                 assert src_fd is not None
                 blob = self.blobs.put_fd(src_fd)
             crashpoints.hit("stage.after_blob")
-            self._append_staged([self._stage_rec(tid, rel, "write", via, blob.digest,
-                                                 blob.size, mode, pre)], [blob])
+            self.append_staged([self.stage_record(tid, rel, "write", via, blob.digest,
+                                                  blob.size, mode, pre)], [blob])
         return {"path": rel, "op": "write", "bytes": blob.size}
 
-    def _append_staged(self, records: list[dict[str, Any]], blobs: list[Pending]) -> None:
+    def append_staged(self, records: list[dict[str, Any]], blobs: list[Pending]) -> None:
         """Append stage records, then settle their blobs (which a commit or garbage collection
         may have taken away between our check and our append; storage/blobs.py)."""
         try:
-            self._append(records)
+            self.journal.append(records)
         except BaseException:
             for blob in blobs:
                 blob.discard()
@@ -315,23 +319,24 @@ class Staging:
         for blob in blobs:
             blob.settle()
 
-    def _stage_rec(self, tid: str, rel: str, op: str, via: str, blob: str | None, size: int,
-                   mode: int | None, pre: str | None) -> dict[str, Any]:
+    def stage_record(self, tid: str, rel: str, op: str, via: str, blob: str | None,
+                     size: int, mode: int | None, pre: str | None) -> dict[str, Any]:
+        """A ``stage`` record of ``tid`` (the steps of runs.py build theirs here too)."""
         # Permission bits only: a mode given by a caller passed check_mode; one captured from
         # a command (exec, promote: a file it chmod'ed u+s, a directory that inherited g+s)
         # loses its setuid, setgid and sticky bits here.
-        return self._rec("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
-                         mode=None if mode is None else mode & MODE_MAX, pre=pre)
+        return new_record("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
+                          mode=None if mode is None else mode & MODE_MAX, pre=pre)
 
     def stage_delete(self, tid: str, path: str) -> dict[str, Any]:
         rel = resolve(self.root, path)
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             op = tx.staged(rel)
             exists = (op.op != "delete") if op is not None else self._tree_fd_exists(rel)
             if not exists:
                 raise NotFound(f"{rel} does not exist in the staged view", path=rel)
-            self._append([self._stage_rec(tid, rel, "delete", "delete", None, 0, None,
-                                          self._pre(tx, rel))])
+            self.journal.append([self.stage_record(tid, rel, "delete", "delete", None, 0,
+                                                   None, self._pre(tx, rel))])
         return {"path": rel, "op": "delete"}
 
     def _tree_fd_exists(self, rel: str) -> bool:
@@ -349,7 +354,7 @@ class Staging:
         if not old_b:
             raise UsageError("`old` must not be empty", params=("old",))
         rel = resolve(self.root, path)
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             content = self._view_read(tx, rel)
             if content is None:
                 raise NotFound(f"{rel} does not exist in the staged view", path=rel)
@@ -362,14 +367,15 @@ class Staging:
                                      matches=count, params=("old", "all"))
             updated = content.replace(old_b, new_b)
             blob = self.blobs.put_bytes(updated)
-            self._append_staged([self._stage_rec(tid, rel, "write", "replace", blob.digest,
-                                                 blob.size, None, self._pre(tx, rel))], [blob])
+            self.append_staged([self.stage_record(tid, rel, "write", "replace", blob.digest,
+                                                  blob.size, None, self._pre(tx, rel))],
+                               [blob])
         return {"path": rel, "op": "replace", "replacements": count}
 
     def stage_patch(self, tid: str, patch: str | bytes) -> dict[str, Any]:
         from ..core.patch import apply_patch
 
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             def read(p: str) -> bytes | None:
                 rel = resolve(self.root, p)  # a path outside the root or in .git/ is refused
                 if os.path.isdir(os.path.join(self.root, rel)):
@@ -384,47 +390,46 @@ class Staging:
                 rel = resolve(self.root, p)
                 pre = self._pre(tx, rel)
                 if content is None:
-                    records.append(self._stage_rec(tid, rel, "delete", "patch", None, 0, None,
-                                                   pre))
+                    records.append(self.stage_record(tid, rel, "delete", "patch", None, 0,
+                                                     None, pre))
                 else:
-                    self._check_placeable(tx, rel)
+                    self.check_placeable(tx, rel)
                     blob = self.blobs.put_bytes(content)
                     pending.append(blob)
-                    records.append(self._stage_rec(
+                    records.append(self.stage_record(
                         tid, rel, "write", "patch", blob.digest, blob.size,
                         None if mode is None else check_mode(mode & MODE_MAX), pre))
                 files.append(rel)
-            self._append_staged(records, pending)
+            self.append_staged(records, pending)
         return {"files": files}
 
     def stage_api(self, tid: str, method: str, url: str, body: Any = None,
                   headers: dict[str, str] | None = None, idempotency_key: str | None = None,
                   compensate: dict[str, Any] | None = None) -> dict[str, Any]:
         """Stage a remote HTTP call, sent exactly once at commit (participants/api.py)."""
+        from ..participants.api import http_call, staged_effect
+
         request, comp = http_call(method, url, body, headers, idempotency_key, compensate)
-        with self.active(tid) as tx:
-            n = len(tx.effects)
-            key = idempotency_key if idempotency_key is not None else (
-                f"a2pc-{tid}-{n}-{os.urandom(4).hex()}")
-            self._append([self._rec("effect", tid, n=n, kind="http", request=request, key=key,
-                                    compensate=comp)])
-        return {"n": n, "method": request["method"], "url": request["url"],
-                "idempotency_key": key, "compensate": comp is not None}
+        with self.gate.active(tid) as tx:
+            effect = staged_effect(tid, len(tx.effects), request, comp, idempotency_key)
+            self.journal.append([new_record("effect", tid, **effect)])
+        return {"n": effect["n"], "method": request["method"], "url": request["url"],
+                "idempotency_key": effect["key"], "compensate": comp is not None}
 
     def savepoint(self, tid: str, name: str) -> dict[str, Any]:
         name = _check_name(name)
-        with self.active(tid):
-            self._append([self._rec("savepoint", tid, name=name)])
+        with self.gate.active(tid):
+            self.journal.append([new_record("savepoint", tid, name=name)])
         return {"name": name}
 
     def rollback_to(self, tid: str, name: str) -> dict[str, Any]:
         name = _check_name(name)
-        with self.active(tid) as tx:
+        with self.gate.active(tid) as tx:
             if all(s[0] != name for s in tx.savepoints):
                 known = ", ".join(s[0] for s in tx.savepoints) or "none"
                 raise UnknownSavepoint(f"{tid} has no savepoint {name!r} (it has: {known})",
                                        name=name)
-            self._append([self._rec("rollback", tid, name=name)])
+            self.journal.append([new_record("rollback", tid, name=name)])
         return {"name": name}
 
     # -- looking -----------------------------------------------------------------------------
@@ -432,7 +437,7 @@ class Staging:
     def diff(self, tid: str, stat_only: bool = False) -> dict[str, Any]:
         from ..core.textdiff import diff_file
 
-        with self.locked(tid) as tx:
+        with self.gate.locked(tid) as tx:
             if isinstance(tx, dict) or tx.state in ("committed", "aborted"):
                 return {"files": [], "diff": ""}  # a finished transaction changes nothing more
             files = []
@@ -508,106 +513,23 @@ class Staging:
 
     def status(self, tid: str | None = None) -> dict[str, Any]:
         if tid is None:
-            self._refresh()
-            rows = [tx.summary() for tx in self.txs.values() if tx.state not in
+            self.journal.refresh()
+            rows = [tx.summary() for tx in self.journal.txs.values() if tx.state not in
                     ("committed", "aborted")]
             rows.sort(key=lambda r: (r["created_at"], r["tid"]))
             return {"transactions": rows}
-        with self.locked(tid) as tx:
+        with self.gate.locked(tid) as tx:
             if isinstance(tx, dict):
                 return {"transactions": [tx]}
             row = tx.summary()
-            row["files"] = [{"path": op.path, "op": op.op, "via": op.via} for op in
-                            tx.changes()]
-            row["reads"] = [{"path": p, "sha256": d} for p, d in tx.reads]
+            for participant in self.participants:
+                row.update(participant.describe(tx))
             row["savepoints"] = [s[0] for s in tx.savepoints]
-            if tx.effects:
-                row["effects"] = effects_summary(tx)
             if tx.deadline_ms:
                 row["expires_at"] = iso_ms(tx.deadline_ms)
             if tx.reason:
                 row["code"], row["reason"] = tx.code, tx.reason
             return {"transactions": [row]}
-
-
-HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-URL_CHARS_MAX = 8192
-BODY_BYTES_MAX = 1 << 20
-HEADERS_MAX = 64
-
-
-def http_call(method: Any, url: Any, body: Any = None, headers: Any = None,
-              idempotency_key: Any = None, compensate: Any = None
-              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """Check a staged HTTP call and its compensation completely (a bad one is refused before
-    anything is logged): (request, compensation or None)."""
-    if idempotency_key is not None:
-        _check_key(idempotency_key)
-    if headers is not None and not isinstance(headers, dict):
-        raise UsageError("the headers are a JSON object of name: value")
-    request = _http_request(method, url, body, headers)
-    if compensate is None:
-        return request, None
-    if not isinstance(compensate, dict) or set(compensate) - {"method", "url", "body"}:
-        raise UsageError("a compensation is {method, url, body}")
-    if not compensate.get("method") or not compensate.get("url"):
-        raise UsageError("a compensation needs both a method and a URL")
-    return request, _http_request(compensate["method"], compensate["url"],
-                                  compensate.get("body"), headers)
-
-
-def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, Any]:
-    import json
-
-    from ..core.jsonin import check
-
-    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
-        raise UsageError(f"the method must be one of {', '.join(sorted(HTTP_METHODS))}, "
-                         f"not {method!r}")
-    if not isinstance(url, str) or len(url) > URL_CHARS_MAX or not (
-            url.startswith("http://") or url.startswith("https://")):
-        raise UsageError(f"the URL must be http:// or https:// (at most {URL_CHARS_MAX} "
-                         f"characters), not {url!r}")
-    from urllib.parse import urlsplit
-
-    try:
-        host = urlsplit(url).hostname
-    except ValueError:
-        host = None
-    if not host:
-        raise UsageError(f"the URL has no host: {url!r}")
-    check(body, "the body", strings=False)  # nesting: the log's encoder recurses
-    try:
-        encoded = json.dumps(body, ensure_ascii=False, allow_nan=False)
-        size = len(encoded.encode("utf-8"))
-    except (TypeError, ValueError) as exc:  # UnicodeEncodeError: a lone surrogate
-        raise UsageError(f"the body must be JSON text: {exc}") from None
-    if size > BODY_BYTES_MAX:
-        raise UsageError(f"the body is larger than {BODY_BYTES_MAX} bytes")
-    clean: dict[str, str] = {}
-    for name, value in (headers or {}).items():
-        if not isinstance(name, str) or not name or not name.isascii() or not all(
-                c.isalnum() or c in "-_" for c in name) or not isinstance(value, str) or any(
-                c in value for c in "\r\n\0"):
-            raise UsageError(f"bad header {name!r}: a name of letters, digits, '-', '_' and a "
-                             "single-line value")
-        if name.lower() == "idempotency-key":
-            raise UsageError("set the key with `idempotency_key`, not as a header",
-                             params=("idempotency_key",))
-        clean[name] = value
-    if len(clean) > HEADERS_MAX:
-        raise UsageError(f"at most {HEADERS_MAX} headers")
-    try:
-        json.dumps([url, clean], ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise UsageError("the URL and the headers must be Unicode text") from None
-    return {"method": method.upper(), "url": url, "headers": clean, "body": body}
-
-
-def _check_key(key: Any) -> None:
-    if not isinstance(key, str) or not 0 < len(key) <= 255 or not key.isascii() or not \
-            key.isprintable():
-        raise UsageError("an idempotency key is 1 to 255 printable ASCII characters")
 
 
 def stat_text(files: list[dict[str, Any]]) -> str:

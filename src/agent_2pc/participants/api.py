@@ -23,6 +23,9 @@ synced; after it, the outcome. A crash in between is resumed from the logged tic
 request with the same key, under the same lease. No ``sending`` record means it never left.
 A crash after the decision needs nothing from this participant: every call was settled before
 the decision.
+
+Staging a call (coordinator/staging.py) goes through ``http_call``, which checks the request and
+its compensation completely before anything is logged, and ``staged_effect``, its record.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ import os
 import time
 
 from .. import crashpoints
-from ..errors import FenceRefusal
-from .fs import YES, Vote
+from ..core.states import effects_summary
+from ..errors import Agent2PCError, FenceRefusal, UsageError
+from .base import YES, Applied, Vote
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
 
     from ..core.states import Tx
     from ..fence import Fence
+    from .base import Context
 
     Recorder = Callable[[dict[str, Any], bool], None]  # (result fields, sync)
 
@@ -59,12 +64,57 @@ def lease_ttl_s() -> float:
 
 
 class ApiParticipant:
+    """Remote HTTP calls (participants/base.py: the protocol)."""
+
     name = "api"
+    kinds = frozenset({"http"})
 
     def __init__(self, fence_factory: Callable[[], Fence]) -> None:
         self._fence_factory = fence_factory
         self._fence: Fence | None = None
         self._http: Any = None
+
+    @classmethod
+    def in_workspace(cls, state_dir: str) -> ApiParticipant:
+        """The participant of a workspace: its fence is SQLite in ``state_dir`` (.agent-tx/),
+        opened on first use."""
+        def open_workspace_fence() -> Fence:
+            from ..fence import open_fence
+
+            return open_fence(f"sqlite:///{os.path.join(state_dir, 'fence.db')}",
+                              lease_ttl=lease_ttl_s())
+
+        return cls(open_workspace_fence)
+
+    # -- the participant protocol (base.py) --------------------------------------------------
+
+    def prepare(self, tx: Tx, ctx: Context) -> Vote:
+        """Make every staged call (this participant votes after the files)."""
+        if not tx.effects:
+            return YES
+        try:
+            return self.make_calls(tx, ctx.record)
+        except (OSError, Agent2PCError) as exc:  # a participant that raises has voted no
+            return Vote.no(getattr(exc, "code", "prepare_failed"),
+                           f"the remote calls could not be made: {exc}")
+
+    def decision_fields(self, tid: str) -> dict[str, Any]:
+        return {}  # every call was settled before the decision
+
+    def apply(self, tx: Tx, ctx: Context, redo: bool) -> Applied:
+        return Applied()  # nothing is left to do after the decision
+
+    def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:
+        if not tx.effects:
+            return {}
+        left = self.compensate(tx, ctx.record)
+        return {"uncompensated": left} if left else {}
+
+    def forget(self, tid: str) -> None:
+        pass  # prepare keeps nothing in memory: the log has every outcome
+
+    def describe(self, tx: Tx) -> dict[str, Any]:
+        return {"effects": effects_summary(tx)} if tx.effects else {}
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -95,7 +145,8 @@ class ApiParticipant:
 
     # -- prepare -----------------------------------------------------------------------------
 
-    def prepare(self, tx: Tx, record: Recorder) -> Vote:
+    def make_calls(self, tx: Tx, record: Recorder) -> Vote:
+        """Send each call not done yet, in order; a no at the first that does not succeed."""
         try:
             return self._prepare(tx, record)
         finally:
@@ -247,6 +298,98 @@ class ApiParticipant:
         # service answers what it did (never a fresh request).
         again = self._call_logged(tx, "effect", eff["n"], eff["request"], eff["key"], record)
         return {DONE: True, FAILED: False}.get(again["outcome"])
+
+
+# -- staging a call ------------------------------------------------------------------------
+
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+URL_CHARS_MAX = 8192
+BODY_BYTES_MAX = 1 << 20
+HEADERS_MAX = 64
+
+
+def http_call(method: Any, url: Any, body: Any = None, headers: Any = None,
+              idempotency_key: Any = None, compensate: Any = None
+              ) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Check a staged HTTP call and its compensation completely (a bad one is refused before
+    anything is logged): (request, compensation or None)."""
+    if idempotency_key is not None:
+        _check_key(idempotency_key)
+    if headers is not None and not isinstance(headers, dict):
+        raise UsageError("the headers are a JSON object of name: value")
+    request = _http_request(method, url, body, headers)
+    if compensate is None:
+        return request, None
+    if not isinstance(compensate, dict) or set(compensate) - {"method", "url", "body"}:
+        raise UsageError("a compensation is {method, url, body}")
+    if not compensate.get("method") or not compensate.get("url"):
+        raise UsageError("a compensation needs both a method and a URL")
+    return request, _http_request(compensate["method"], compensate["url"],
+                                  compensate.get("body"), headers)
+
+
+def _http_request(method: Any, url: Any, body: Any, headers: Any) -> dict[str, Any]:
+    import json
+
+    from ..core.jsonin import check
+
+    if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
+        raise UsageError(f"the method must be one of {', '.join(sorted(HTTP_METHODS))}, "
+                         f"not {method!r}")
+    if not isinstance(url, str) or len(url) > URL_CHARS_MAX or not (
+            url.startswith("http://") or url.startswith("https://")):
+        raise UsageError(f"the URL must be http:// or https:// (at most {URL_CHARS_MAX} "
+                         f"characters), not {url!r}")
+    from urllib.parse import urlsplit
+
+    try:
+        host = urlsplit(url).hostname
+    except ValueError:
+        host = None
+    if not host:
+        raise UsageError(f"the URL has no host: {url!r}")
+    check(body, "the body", strings=False)  # nesting: the log's encoder recurses
+    try:
+        encoded = json.dumps(body, ensure_ascii=False, allow_nan=False)
+        size = len(encoded.encode("utf-8"))
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError: a lone surrogate
+        raise UsageError(f"the body must be JSON text: {exc}") from None
+    if size > BODY_BYTES_MAX:
+        raise UsageError(f"the body is larger than {BODY_BYTES_MAX} bytes")
+    clean: dict[str, str] = {}
+    for name, value in (headers or {}).items():
+        if not isinstance(name, str) or not name or not name.isascii() or not all(
+                c.isalnum() or c in "-_" for c in name) or not isinstance(value, str) or any(
+                c in value for c in "\r\n\0"):
+            raise UsageError(f"bad header {name!r}: a name of letters, digits, '-', '_' and a "
+                             "single-line value")
+        if name.lower() == "idempotency-key":
+            raise UsageError("set the key with `idempotency_key`, not as a header",
+                             params=("idempotency_key",))
+        clean[name] = value
+    if len(clean) > HEADERS_MAX:
+        raise UsageError(f"at most {HEADERS_MAX} headers")
+    try:
+        json.dumps([url, clean], ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("the URL and the headers must be Unicode text") from None
+    return {"method": method.upper(), "url": url, "headers": clean, "body": body}
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str) or not 0 < len(key) <= 255 or not key.isascii() or not \
+            key.isprintable():
+        raise UsageError("an idempotency key is 1 to 255 printable ASCII characters")
+
+
+def staged_effect(tid: str, n: int, request: dict[str, Any], compensation: dict[str, Any] | None,
+                  idempotency_key: str | None) -> dict[str, Any]:
+    """The fields of the ``effect`` record that stages the ``n``-th call of ``tid`` (checked
+    by ``http_call``); a key is made up when none is given."""
+    key = idempotency_key if idempotency_key is not None else (
+        f"a2pc-{tid}-{n}-{os.urandom(4).hex()}")
+    return {"n": n, "kind": "http", "request": request, "key": key,
+            "compensate": compensation}
 
 
 def _domain(url: str) -> str:

@@ -44,12 +44,14 @@ from ..core.states import DIR_FINGERPRINT, Op, Tx
 from ..storage.blobs import BlobCorrupt, BlobStore
 from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
+from .base import YES, Applied, ApplyFailed, Vote
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
     from typing import Any, Callable
 
     from ..core.applyplan import Step
+    from .base import Context
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Small written files travel in the commit decision itself (``inline``), so that prepare syncs
@@ -70,17 +72,6 @@ class Unconfined(PathChanged):
     at the moment of writing, so that nothing that slipped past it leaves the root."""
 
 
-class ApplyFailed(Exception):
-    """The apply of a decided commit stopped on an error (``cause``: a file system refusal, a
-    lost blob); ``done``: the paths it applied or found diverged before that. A redo resumes
-    it: every step is idempotent."""
-
-    def __init__(self, cause: BaseException, done: list[str]) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-        self.done = done
-
-
 class ParentNotDir(PathChanged):
     """A file or a link stands where a directory on the way to a target would be: nothing is
     at the target, fine when the transaction itself replaces that file or link (``rel_dir``,
@@ -89,30 +80,6 @@ class ParentNotDir(PathChanged):
     def __init__(self, rel_dir: str, what: str) -> None:
         super().__init__(f"{rel_dir} is {what}, not a directory")
         self.rel_dir = rel_dir
-
-
-class Vote:
-    __slots__ = ("yes", "code", "reason")
-
-    def __init__(self, yes: bool, code: str | None = None, reason: str | None = None) -> None:
-        self.yes = yes
-        self.code = code
-        self.reason = reason
-
-    @staticmethod
-    def no(code: str, reason: str) -> "Vote":
-        return Vote(False, code, reason)
-
-
-YES = Vote(True)
-
-
-class Applied:
-    __slots__ = ("files", "diverged")
-
-    def __init__(self) -> None:
-        self.files: list[str] = []
-        self.diverged: list[str] = []
 
 
 class Dirs:
@@ -303,7 +270,10 @@ class _ApplyRun:
 
 
 class FileParticipant:
+    """The files of the tree (participants/base.py: the protocol)."""
+
     name = "fs"
+    kinds = frozenset({"write", "delete", "symlink", "mkdir"})
 
     def __init__(self, root: str, blobs: BlobStore) -> None:
         self.root = root
@@ -315,9 +285,36 @@ class FileParticipant:
         self._placed: dict[str, dict[int, str]] = {}
         self._inline: dict[str, dict[int, bytes]] = {}
 
+    # -- the participant protocol (base.py) -------------------------------------------------
+
+    def prepare(self, tx: Tx, ctx: Context) -> Vote:
+        try:
+            return self._vote(tx, ctx.sync)
+        except OSError as exc:  # a participant that raises has voted no
+            return Vote.no("prepare_failed", f"preparing the files failed: {exc}")
+
+    def apply(self, tx: Tx, ctx: Context, redo: bool) -> Applied:
+        """Apply (or, ``redo``, resume) a decided commit. A blob that another unfinished
+        transaction names is copied rather than moved (the caller holds the log lock, so
+        the set is complete)."""
+        keep = {op.blob for other in ctx.others() for op in other.ops if op.blob}
+        return self.recover(tx, keep) if redo else self.commit(tx, keep)
+
+    def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:
+        self.undo_prepare(tx)
+        return {}
+
+    def close(self) -> None:
+        pass  # prepare and apply open nothing that outlives them
+
+    def describe(self, tx: Tx) -> dict[str, Any]:
+        return {"files": [{"path": op.path, "op": op.op, "via": op.via}
+                          for op in tx.changes()],
+                "reads": [{"path": p, "sha256": d} for p, d in tx.reads]}
+
     # -- prepare ---------------------------------------------------------------------------
 
-    def prepare(self, tx: Tx, sync_log: Callable[[], None] | None = None) -> Vote:
+    def _vote(self, tx: Tx, sync_log: Callable[[], None] | None = None) -> Vote:
         """Vote on ``tx``. ``sync_log`` makes the log durable; it is called before anything
         is placed in the tree (a target on another file system), so that a machine crash
         cannot keep what was placed and lose the records that say whose it is."""

@@ -1,0 +1,72 @@
+"""What the engine answers about a decided transaction: the result of commit and abort, and
+the history line of a finished one (pure: no I/O)."""
+
+from __future__ import annotations
+
+from ..core.states import COMMITTED, Tx, effects_summary, iso_ms
+from ..errors import BadState
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+
+def result(tx: Tx | dict[str, Any]) -> dict[str, Any]:
+    """The answer of commit (abort drops ``files``): a live transaction, or a history entry."""
+    if isinstance(tx, dict):
+        out = {"tid": tx["tid"], "state": tx["state"], "files": tx.get("files", [])}
+        if tx.get("diverged"):
+            out["diverged"] = tx["diverged"]
+        return out
+    out = {"tid": tx.tid, "state": tx.state, "files": tx.files}
+    out.update(outcome_details(tx))
+    return out
+
+
+def answer_again(tx: Tx | dict[str, Any], wanted: str) -> dict[str, Any]:
+    """commit of a committed transaction, abort of an aborted one: the same answer."""
+    state = tx["state"] if isinstance(tx, dict) else tx.state
+    tid = tx["tid"] if isinstance(tx, dict) else tx.tid
+    if state == wanted:
+        return result(tx)
+    reason = tx.get("reason") if isinstance(tx, dict) else tx.reason
+    why = f" ({reason})" if reason else ""
+    raise BadState(f"{tid} is {state}{why}; it cannot be "
+                   f"{'committed' if wanted == COMMITTED else 'aborted'}",
+                   tid=tid, state=state)
+
+
+def refuse_inactive(tx: Tx | dict[str, Any]) -> None:
+    """BadState: only an active transaction can be changed."""
+    tid = tx["tid"] if isinstance(tx, dict) else tx.tid
+    state = tx["state"] if isinstance(tx, dict) else tx.state
+    raise BadState(f"{tid} is {state}; only an active transaction can be changed",
+                   tid=tid, state=state)
+
+
+def check_summary(rec: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a commit refused by a failing check says of that check."""
+    if rec is None:
+        return None
+    return {k: rec.get(k) for k in ("command", "exit_code", "timed_out", "log", "tail")}
+
+
+def summary(tx: Tx) -> dict[str, Any]:
+    """The history line of a finished transaction."""
+    out = tx.summary()
+    out.update({"ended_at": iso_ms(tx.ended_ms) if tx.ended_ms else None, "files": tx.files,
+                "code": tx.code, "reason": tx.reason})
+    out.update(outcome_details(tx))
+    return out
+
+
+def outcome_details(tx: Tx) -> dict[str, Any]:
+    """What a finished transaction's answer adds when there is something to say."""
+    out: dict[str, Any] = {}
+    if tx.diverged:
+        out["diverged"] = tx.diverged
+    if tx.effects:
+        out["effects"] = effects_summary(tx)
+    if tx.uncompensated:
+        out["uncompensated"] = tx.uncompensated
+    return out

@@ -1,0 +1,118 @@
+"""Keeping a workspace small: compaction of the log into history.jsonl, garbage collection of
+blobs and pre-images, and the sweep of scratch that finished transactions left."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..core.states import FINISHED
+from ..storage.pids import pid_alive
+from ..storage.scratch import discard, sweep_in_background
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+    from .journal import Journal
+
+# Automatic compaction keeps the log short, so that a step costs the same with 10k finished
+# transactions in the history as in a new workspace.
+COMPACT_FINISHED_MAX = 64
+COMPACT_BYTES_MAX = 1 << 20
+# Garbage: blobs unnamed by live transactions after an hour; pre-images after a day.
+BLOB_GRACE_S = float(os.environ.get("AGENT2PC_BLOB_GRACE_S", 3600))
+PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 24 * 3600))
+GC_INTERVAL_S = 3600.0
+
+
+class Compaction:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.layout = journal.layout
+
+    def maybe_compact(self) -> None:
+        """Compact when the log holds many finished transactions, or is big and holds some."""
+        journal = self.journal
+        finished = sum(1 for tx in journal.txs.values() if tx.state in FINISHED)
+        if finished >= COMPACT_FINISHED_MAX or (
+                finished and journal.log.size() > COMPACT_BYTES_MAX):
+            self.compact(gc=self._gc_due())
+
+    def compact(self, gc: bool = True) -> dict[str, Any]:
+        """Move finished transactions out of the log into history.jsonl; replace the log.
+        With ``gc``, also collect garbage (see ``collect_garbage``)."""
+        before, after = self.journal.move_finished_to_history()
+        out: dict[str, Any] = {"before_bytes": before, "after_bytes": after}
+        if gc:
+            out.update(self.collect_garbage())
+        return out
+
+    def collect_garbage(self) -> dict[str, int]:
+        """Drop blobs no live transaction names (older than a grace period), pre-images past
+        their retention, dead processes' temp files. Files go to trash/ at once and are
+        deleted in the background. Blobs are judged under the log lock, after reading every
+        record: a stager that named one just before finds it gone when it settles, and writes
+        it again (storage/blobs.py)."""
+        layout = self.layout
+        now_s = time.time()
+        bin_dir = os.path.join(layout.trash, f"gc-{os.getpid()}-{os.urandom(4).hex()}")
+        os.makedirs(bin_dir, exist_ok=True)
+        blobs = 0
+        with self.journal.log.lock:
+            self.journal.refresh()
+            live = {op.blob for tx in self.journal.txs.values() if tx.state not in FINISHED
+                    for op in tx.ops if op.blob}
+            for fan in os.scandir(layout.objects):
+                if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
+                    continue
+                for entry in os.scandir(fan.path):
+                    if entry.name in live or now_s - entry.stat().st_ctime < BLOB_GRACE_S:
+                        continue
+                    os.rename(entry.path, os.path.join(bin_dir, entry.name))
+                    blobs += 1
+        preimages = 0
+        for entry in os.scandir(layout.preimages):
+            if self.journal.live(entry.name.partition(".")[0]):  # preimages/<tid>.<k>
+                continue
+            if now_s - entry.stat().st_ctime >= PREIMAGE_RETENTION_S:
+                os.rename(entry.path, os.path.join(bin_dir, "pre-" + entry.name))
+                preimages += 1
+        self.sweep_scratch()
+        if blobs or preimages:
+            sweep_in_background(layout.trash)
+        else:
+            os.rmdir(bin_dir)
+        with open(layout.gc_stamp, "w"):
+            pass
+        return {"blobs_collected": blobs, "preimages_collected": preimages}
+
+    def _gc_due(self) -> bool:
+        try:
+            return time.time() - os.stat(self.layout.gc_stamp).st_mtime >= GC_INTERVAL_S
+        except FileNotFoundError:
+            return True
+
+    def sweep_scratch(self) -> None:
+        """Remove scratch of finished or unknown transactions, copies their applies left, and
+        dead processes' blob temp files."""
+        layout = self.layout
+        try:
+            names = os.listdir(layout.tx)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            if not self.journal.live(name) and self.journal.tx_lock(name).is_free():
+                discard(layout.tx_dir(name), layout.trash)
+        for name in os.listdir(layout.objects_tmp):
+            if name.startswith("claim-"):
+                tid = name[len("claim-"):].rsplit("-", 1)[0]  # claim-<tid>-<k>[.part]
+                dead = not self.journal.live(tid)
+            else:
+                pid = name.partition("-")[0]
+                dead = pid.isdigit() and not pid_alive(int(pid))
+            if dead:
+                try:
+                    os.unlink(os.path.join(layout.objects_tmp, name))
+                except FileNotFoundError:
+                    pass

@@ -1,0 +1,228 @@
+"""The journal: the log, the transaction table folded from it, the locks, and liveness.
+
+Every other part of the engine reads transactions from ``Journal.txs`` (re-read from the log by
+``refresh``, which tails what other processes appended) and writes by ``append``. The locks,
+always taken in this order (docs/design.md, "Concurrency"):
+  tx/<tid>/lock  (one byte of txlocks) while a process works on that transaction;
+  commit.lock    from prepare to end, so commits and recoveries of the tree are serial;
+  lock           for a moment around each log append.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from _thread import RLock
+
+from .. import crashpoints
+from ..core import confine
+from ..core.states import FINISHED, IllegalTransition, Tx, apply_record
+from ..errors import CorruptWal, UnknownTid
+from ..storage import history
+from ..storage.locks import FileLock, byte_for
+from ..storage.log import Batch, Log, PausedGc
+from ..storage.workspace import log_check
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any, Iterator
+
+    from ..storage.workspace import Layout
+
+TX_LOCKS_CACHED_MAX = 256
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def boot_id() -> str | None:
+    """This boot of the machine (Linux); active transactions do not outlive a machine crash."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+            return f.read().strip().decode() or None
+    except OSError:
+        return None
+
+
+def new_record(rtype: str, tid: str, /, **fields: Any) -> dict[str, Any]:
+    """A log record of ``tid``, stamped now."""
+    rec: dict[str, Any] = {"type": rtype, "tid": tid, "ts": now_ms()}
+    rec.update(fields)
+    return rec
+
+
+class Journal:
+    """The log of one workspace and what it says. Opening it checks the log's header."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.log = Log(layout.wal, layout.lock, check_header=log_check(layout.root))
+        self.commit_lock = FileLock(layout.commit_lock)
+        self.boot = boot_id()
+        self.txs: dict[str, Tx] = {}
+        self._mutex = RLock()
+        self._tx_locks: dict[str, FileLock] = {}
+
+    def close(self) -> None:
+        self.log.close()
+
+    # -- reading and appending ---------------------------------------------------------------
+
+    def _absorb(self, batch: Batch) -> None:
+        if batch.reset:
+            self.txs = {}
+        try:
+            txs = self.txs
+            for rec, frame in zip(batch.records, batch.frames, strict=True):
+                apply_record(txs, rec, frame)
+        except IllegalTransition as exc:
+            raise CorruptWal(f"{self.layout.wal}: {exc}", path=self.layout.wal,
+                             tid=exc.tid) from None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptWal(f"{self.layout.wal}: malformed record ({exc!r})",
+                             path=self.layout.wal) from None
+
+    def refresh(self) -> None:
+        """Fold in what was appended since the last read (by any process)."""
+        with self._mutex, PausedGc():
+            self._absorb(self.log.read())
+
+    def append(self, records: list[dict[str, Any]], *, sync: bool = False) -> None:
+        with self._mutex:
+            self._absorb(self.log.append(records, sync=sync))
+
+    def context(self, tid: str) -> TxContext:
+        """What a participant may do to the log while it works on ``tid`` (base.Context)."""
+        return TxContext(self, tid)
+
+    def move_finished_to_history(self) -> tuple[int, int]:
+        """Compaction: append the finished transactions to history.jsonl and replace the log
+        with the frames of the others. Returns the log's size before and after."""
+        from .answers import summary
+
+        with self._mutex:
+            self.log.lock.acquire(what="the log")
+            try:
+                self.refresh()
+                before = self.log.size()
+                finished = [tx for tx in self.txs.values() if tx.state in FINISHED]
+                history.append(self.layout.history, [summary(tx) for tx in finished])
+                crashpoints.hit("compact.after_history")
+                live = {tid: tx for tid, tx in self.txs.items() if tx.state not in FINISHED}
+                after = self.log.replace([f for tx in live.values() for f in tx.frames])
+                self.txs = live  # the new log is exactly these: nothing to read back
+            finally:
+                self.log.lock.release()
+        return before, after
+
+    # -- finding transactions ----------------------------------------------------------------
+
+    def lookup(self, tid: str) -> Tx | dict[str, Any]:
+        """The live transaction, or the history entry of a finished and compacted one."""
+        tx = self.txs.get(tid)
+        if tx is not None:
+            return tx
+        entry = history.lookup(self.layout.history, tid)
+        if entry is None:
+            raise UnknownTid(f"no transaction {tid} in this workspace", tid=tid)
+        return entry
+
+    def live(self, tid: str) -> bool:
+        """Is ``tid`` in the log and not finished?"""
+        tx = self.txs.get(tid)
+        return tx is not None and tx.state not in FINISHED
+
+    def transactions(self, state: str | None = None, *, finished: bool = True
+                     ) -> list[dict[str, Any]]:
+        """A row per transaction (the history's too, with ``finished``), oldest first."""
+        self.refresh()
+        rows = {tid: tx.summary() for tid, tx in self.txs.items()}
+        if finished:
+            for entry in history.all_entries(self.layout.history):
+                if entry["tid"] not in rows:
+                    rows[entry["tid"]] = {k: entry.get(k) for k in
+                                          ("tid", "state", "label", "created_at", "ops")}
+        out = [r for r in rows.values() if state is None or r["state"] == state]
+        out.sort(key=lambda r: (r["created_at"] or "", r["tid"]))
+        return out
+
+    # -- transaction locks and liveness ------------------------------------------------------
+
+    def tx_lock(self, tid: str) -> FileLock:
+        """The lock a process holds while it works on ``tid``: one byte of ``txlocks``. One
+        object per tid and engine (its mutex excludes this process's threads; its open file
+        description, other processes)."""
+        lock = self._tx_locks.get(tid)
+        if lock is None:
+            if len(self._tx_locks) >= TX_LOCKS_CACHED_MAX:
+                self._tx_locks = {t: lk for t, lk in self._tx_locks.items() if lk.held}
+            lock = self._tx_locks[tid] = FileLock(self.layout.txlocks, offset=byte_for(tid))
+        return lock
+
+    def alive(self, tid: str) -> bool:
+        """Does a live process hold ``tid``'s lock? (The lock dies with its holder.)"""
+        return not self.tx_lock(tid).is_free()
+
+    # -- what the log may describe -----------------------------------------------------------
+
+    def check_confined(self, tx: Tx, paths: bool = True) -> None:
+        """Refuse (CorruptWal, with the record's offset) a transaction that the log describes
+        in a way staging never writes: it did not come from agent-2pc."""
+        problem = confine.tx_problem(tx, paths)
+        if problem is None:
+            return
+        offset = self._offset_of(tx, problem.match)
+        where = f" at offset {offset}" if offset is not None else ""
+        raise CorruptWal(
+            f"{self.layout.wal}: the record{where} of transaction {tx.tid!r} cannot come from "
+            f"agent-2pc: {problem.why}. Nothing of it is applied. If this workspace came with "
+            "a repository or from someone else, remove .agent-tx/ and run 'agent-2pc init'.",
+            path=self.layout.wal, offset=offset, tid=tx.tid)
+
+    def _offset_of(self, tx: Tx, match: dict[str, Any]) -> int | None:
+        """The log offset of the first record of ``tx`` with the fields of ``match``."""
+        import json
+
+        from ..storage.wal_format import HEADER_SIZE
+
+        for frame in tx.frames:
+            try:
+                rec = json.loads(bytes(frame[HEADER_SIZE:]))
+            except ValueError:
+                continue
+            if all(rec.get(k) == v for k, v in match.items()):
+                with open(self.layout.wal, "rb") as f:
+                    at = f.read().find(bytes(frame))
+                return at if at >= 0 else None
+        return None
+
+
+class TxContext:
+    """base.Context over the journal: a participant's records go to the log of one
+    transaction."""
+
+    __slots__ = ("_journal", "tid")
+
+    def __init__(self, journal: Journal, tid: str) -> None:
+        self._journal = journal
+        self.tid = tid
+
+    def record(self, fields: dict[str, Any], sync: bool) -> None:
+        self._journal.append([new_record("result", self.tid, **fields)], sync=sync)
+        crashpoints.hit("api.after_record")
+
+    def sync(self) -> None:
+        self._journal.log.sync()
+
+    def others(self) -> Iterator[Tx]:
+        return (tx for tx in self._journal.txs.values()
+                if tx.tid != self.tid and tx.state not in FINISHED)
+
+
+def tid_of_new_transaction(txs: dict[str, Tx]) -> str:
+    """A fresh transaction id (tx-YYYYmmdd-HHMMSS-hex6), not in ``txs``."""
+    while True:
+        tid = time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime()) + os.urandom(3).hex()
+        if tid not in txs:
+            return tid

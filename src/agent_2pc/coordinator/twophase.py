@@ -1,0 +1,176 @@
+"""Two-phase commit over the participants: begin, prepare (the votes), the decision, apply,
+abort and undo. Knows no kind of participant: it drives the list it is given, in order.
+
+The callers hold the locks (journal.py): the transaction's own for every step here, and the
+commit lock from prepare to the end record.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import crashpoints
+from ..core.states import ABORTED, COMMITTED, FINISHED, Tx
+from ..errors import ApplyIncomplete, TransactionAborted, UsageError
+from ..participants.base import YES, ApplyFailed, Vote
+from ..storage.scratch import discard
+from .journal import new_record, tid_of_new_transaction
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ..participants.base import Participant
+    from .journal import Journal
+
+DEFAULT_TIMEOUT_MS = 24 * 3600 * 1000
+TIMEOUT_MS_MAX = 30 * 24 * 3600 * 1000  # a deadline further out is 0 (none) or a typo
+
+
+class TwoPhase:
+    def __init__(self, journal: Journal, participants: list[Participant]) -> None:
+        self.journal = journal
+        self.participants = participants
+        # Decided commits whose apply (or redo) stopped on an error in this process: tid ->
+        # what is not applied. They stay 'committing'; recover() retries them and reports.
+        self.stuck: dict[str, dict[str, Any]] = {}
+
+    def close(self) -> None:
+        for participant in self.participants:
+            participant.close()
+
+    # -- begin -------------------------------------------------------------------------------
+
+    def begin(self, timeout_ms: int | None = None, label: str | None = None) -> dict[str, Any]:
+        if timeout_ms is None:
+            timeout_ms = DEFAULT_TIMEOUT_MS
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
+                0 <= timeout_ms <= TIMEOUT_MS_MAX):
+            raise UsageError(f"--timeout-ms must be a whole number of milliseconds from 0 (no "
+                             f"timeout) to {TIMEOUT_MS_MAX} (30 days), not {timeout_ms!r}")
+        if label is not None and (not isinstance(label, str) or len(label) > 200):
+            raise UsageError("--label must be a string of at most 200 characters")
+        tid = tid_of_new_transaction(self.journal.txs)
+        self.journal.append([new_record("begin", tid, label=label, timeout_ms=timeout_ms or None,
+                                        boot=self.journal.boot, pid=os.getpid())])
+        return {"tid": tid}
+
+    # -- commit ------------------------------------------------------------------------------
+
+    def prepare_and_commit(self, tid: str) -> None:
+        """Prepare ``tid``, decide, apply; the caller holds its lock and the commit lock.
+        TransactionAborted on a no vote; ApplyIncomplete when the apply stops."""
+        self.journal.check_confined(self.journal.txs[tid])
+        self.prepare(tid)
+        crashpoints.hit("prepare.before_decision")
+        fields: dict[str, Any] = {}
+        for participant in self.participants:
+            fields.update(participant.decision_fields(tid))
+        self.journal.append([new_record("decision", tid, outcome="commit", **fields)],
+                            sync=True)
+        crashpoints.hit("commit.after_decision")
+        try:
+            self.apply(self.journal.txs[tid], redo=False)
+        except ApplyFailed as exc:
+            raise self.incomplete(self.journal.txs[tid], exc) from exc
+
+    def prepare(self, tid: str) -> Tx:
+        """Record the start of prepare and collect the votes; abort on the first no."""
+        self.journal.append([new_record("prepare", tid, pid=os.getpid())])
+        vote = self._stuck_overlap(self.journal.txs[tid]) or self._vote(self.journal.txs[tid])
+        if not vote.yes:
+            code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
+            self.abort(self.journal.txs[tid], code, reason)
+            txs = self.journal.txs
+            extra = {"uncompensated": txs[tid].uncompensated} if (
+                tid in txs and txs[tid].uncompensated) else {}
+            raise TransactionAborted(reason, code=code, tid=tid, **extra)
+        return self.journal.txs[tid]
+
+    def _vote(self, tx: Tx) -> Vote:
+        """Ask the participants in turn; the first no stops the rest."""
+        ctx = self.journal.context(tx.tid)
+        vote = YES
+        for participant in self.participants:
+            vote = participant.prepare(tx, ctx)
+            if not vote.yes:
+                break
+        return vote
+
+    def apply(self, tx: Tx, redo: bool) -> None:
+        """Apply a decided commit and write its end record. Holds the log lock meanwhile: the
+        file participant moves blobs into the tree, and must know every transaction that still
+        names one (see storage/blobs.py)."""
+        ctx = self.journal.context(tx.tid)
+        with self.journal.log.lock:
+            self.journal.refresh()
+            files: list[str] = []
+            diverged: list[str] = []
+            for participant in self.participants:
+                applied = participant.apply(tx, ctx, redo)
+                files += applied.files
+                diverged += applied.diverged
+            crashpoints.hit("commit.before_end")
+            self.journal.append([end_record(tx.tid, COMMITTED, files, diverged)])
+        layout = self.journal.layout
+        discard(layout.tx_dir(tx.tid), layout.trash)
+
+    def incomplete(self, tx: Tx, exc: ApplyFailed) -> ApplyIncomplete:
+        """The answer for a decided commit whose apply stopped: what is not applied, why."""
+        done = set(exc.done)
+        left = [op.path for op in tx.changes() if op.path not in done]
+        return ApplyIncomplete(
+            f"{tx.tid} is decided (commit) but applying it stopped: {exc.cause}; not applied: "
+            f"{', '.join(left) or 'nothing'}; 'agent-2pc recover' retries it",
+            tid=tx.tid, state=tx.state, not_applied=left, error=str(exc.cause))
+
+    def _stuck_overlap(self, tx: Tx) -> Vote | None:
+        """A no when ``tx`` changes a path that a decided commit, still not applied because
+        its apply failed, changes too: that one comes first (recover retries it)."""
+        if not self.stuck:
+            return None
+        mine = {op.path for op in tx.ops} | {p for p, _ in tx.reads}
+        for tid in self.stuck:
+            other = self.journal.txs.get(tid)
+            if other is None or other.state in FINISHED:
+                continue
+            shared = sorted(mine.intersection(op.path for op in other.ops))
+            if shared:
+                return Vote.no("conflict", (
+                    f"{shared[0]} is also changed by {tid}, which is committed but not "
+                    "fully applied yet (its apply failed); run 'agent-2pc recover'"))
+        return None
+
+    # -- abort -------------------------------------------------------------------------------
+
+    def abort(self, tx: Tx, code: str, reason: str) -> None:
+        """Abort an active or preparing transaction whose lock we hold."""
+        for participant in self.participants:
+            participant.forget(tx.tid)
+        self.journal.append([new_record("decision", tx.tid, outcome="abort", code=code,
+                                        reason=reason)])
+        crashpoints.hit("abort.after_decision")
+        self.finish_abort(self.journal.txs[tx.tid])
+
+    def finish_abort(self, tx: Tx) -> None:
+        """Undo what prepare did (placed files, remote calls), drop the scratch, write the
+        end record."""
+        fields: dict[str, Any] = {}
+        if tx.prepared:
+            ctx = self.journal.context(tx.tid)
+            for participant in self.participants:
+                fields.update(participant.undo(tx, ctx))
+        layout = self.journal.layout
+        discard(layout.tx_dir(tx.tid), layout.trash)
+        self.journal.append([end_record(tx.tid, ABORTED, **fields)])
+
+
+def end_record(tid: str, state: str, files: list[str] | None = None,
+               diverged: list[str] | None = None, **fields: Any) -> dict[str, Any]:
+    """The end record: the state, the files applied, what diverged, and what the
+    participants' undo adds (e.g. ``uncompensated``)."""
+    out: dict[str, Any] = {"state": state, "files": files or []}
+    if diverged:
+        out["diverged"] = diverged
+    out.update(fields)
+    return new_record("end", tid, **out)

@@ -46,10 +46,12 @@ class TwoPhase:
             timeout_ms = DEFAULT_TIMEOUT_MS
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
                 0 <= timeout_ms <= TIMEOUT_MS_MAX):
-            raise UsageError(f"--timeout-ms must be a whole number of milliseconds from 0 (no "
-                             f"timeout) to {TIMEOUT_MS_MAX} (30 days), not {timeout_ms!r}")
+            raise UsageError(f"`timeout_ms` must be a whole number of milliseconds from 0 (no "
+                             f"timeout) to {TIMEOUT_MS_MAX} (30 days), not {timeout_ms!r}",
+                             params=("timeout_ms",))
         if label is not None and (not isinstance(label, str) or len(label) > 200):
-            raise UsageError("--label must be a string of at most 200 characters")
+            raise UsageError("`label` must be a string of at most 200 characters",
+                             params=("label",))
         tid = tid_of_new_transaction(self.journal.txs)
         self.journal.append([new_record("begin", tid, label=label, timeout_ms=timeout_ms or None,
                                         boot=self.journal.boot, pid=os.getpid())])

@@ -115,7 +115,6 @@ class Dirs:
                 mode = os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode
                 raise ParentNotDir(rel_dir, "a symbolic link" if stat.S_ISLNK(mode) else
                                    "a file") from None
-                raise PathChanged(f"{rel_dir or '.'} is no longer a plain directory") from None
             raise
         self.fds[rel_dir] = fd
         return fd

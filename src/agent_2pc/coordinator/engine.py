@@ -19,7 +19,7 @@ import time
 from _thread import RLock
 
 from .. import crashpoints
-from ..core import confine, recovery
+from ..core import confine, records, recovery
 from ..core.states import (
     ABORTED,
     ACTIVE,
@@ -57,6 +57,7 @@ from .staging import Staging
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 TID_RE = confine.TID_RE
@@ -137,30 +138,23 @@ class Engine(Staging, Runs):
     def _absorb(self, batch: Batch) -> None:
         if batch.reset:
             self.txs = {}
-        try:
-            txs = self.txs
-            for rec, frame in zip(batch.records, batch.frames, strict=True):
+        txs = self.txs
+        for rec, frame in zip(batch.records, batch.frames, strict=True):
+            try:
                 apply_record(txs, rec, frame)
-        except IllegalTransition as exc:
-            raise CorruptWal(f"{self.layout.wal}: {exc}", path=self.layout.wal,
-                             tid=exc.tid) from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptWal(f"{self.layout.wal}: malformed record ({exc!r})",
-                             path=self.layout.wal) from None
+            except (IllegalTransition, records.BadRecord) as exc:
+                # Corruption; any other exception of the fold is a bug, raised as it is.
+                offset = self.log.offset_of(frame)
+                raise CorruptWal(f"{self.layout.wal}: the record at offset {offset}: {exc}",
+                                 path=self.layout.wal, offset=offset, tid=exc.tid) from None
 
     def _refresh(self) -> None:
         with self._mutex, PausedGc():
             self._absorb(self.log.read())
 
-    def _append(self, records: list[dict[str, Any]], *, sync: bool = False) -> None:
+    def _append(self, recs: Sequence[records.AnyRecord], *, sync: bool = False) -> None:
         with self._mutex:
-            self._absorb(self.log.append(records, sync=sync))
-
-    @staticmethod
-    def _rec(rtype: str, tid: str, /, **fields: Any) -> dict[str, Any]:
-        rec: dict[str, Any] = {"type": rtype, "tid": tid, "ts": now_ms()}
-        rec.update(fields)
-        return rec
+            self._absorb(self.log.append(records.as_json(recs), sync=sync))
 
     # -- finding and locking a transaction ---------------------------------------------------
 
@@ -244,8 +238,8 @@ class Engine(Staging, Runs):
             tid = time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime()) + os.urandom(3).hex()
             if tid not in self.txs:
                 break
-        self._append([self._rec("begin", tid, label=label, timeout_ms=timeout_ms or None,
-                                boot=self.boot, pid=os.getpid())])
+        self._append([records.begin(tid, label=label, timeout_ms=timeout_ms or None,
+                                    boot=self.boot, pid=os.getpid())])
         return {"tid": tid}
 
     # -- commit ------------------------------------------------------------------------------
@@ -267,8 +261,8 @@ class Engine(Staging, Runs):
                 self._check_confined(self.txs[tid])
                 self._prepare(tid)
                 crashpoints.hit("prepare.before_decision")
-                self._append([self._rec("decision", tid, outcome="commit",
-                                        **self.fs.decision_fields(tid))], sync=True)
+                self._append([records.decision_commit(tid, **self.fs.decision_fields(tid))],
+                             sync=True)
                 crashpoints.hit("commit.after_decision")
                 try:
                     self._apply(self.txs[tid], redo=False)
@@ -292,7 +286,7 @@ class Engine(Staging, Runs):
 
     def _prepare(self, tid: str) -> Tx:
         """Record the start of prepare and collect the votes; abort on the first no."""
-        self._append([self._rec("prepare", tid, pid=os.getpid())])
+        self._append([records.prepare(tid, pid=os.getpid())])
         vote = self._stuck_overlap(self.txs[tid]) or self._vote(self.txs[tid])
         if not vote.yes:
             code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
@@ -320,19 +314,15 @@ class Engine(Staging, Runs):
     def _recorder(self, tid: str) -> Any:
         """A callback that logs one ``result`` record of ``tid``, synced when asked."""
         def record(fields: dict[str, Any], sync: bool) -> None:
-            self._append([self._rec("result", tid, **fields)], sync=sync)
+            self._append([records.result(tid, **fields)], sync=sync)
             crashpoints.hit("api.after_record")
         return record
 
     def _end(self, tid: str, state: str, files: list[str] | None = None,
              diverged: list[str] | None = None, uncompensated: list[int] | None = None
-             ) -> dict[str, Any]:
-        fields: dict[str, Any] = {"state": state, "files": files or []}
-        if diverged:
-            fields["diverged"] = diverged
-        if uncompensated:
-            fields["uncompensated"] = uncompensated
-        return self._rec("end", tid, **fields)
+             ) -> records.EndRecord:
+        return records.end(tid, state=state, files=files, diverged=diverged,
+                           uncompensated=uncompensated)
 
     def _answer_again(self, tx: Tx | dict[str, Any], wanted: str) -> dict[str, Any]:
         """commit of a committed transaction, abort of an aborted one: the same answer."""
@@ -373,7 +363,7 @@ class Engine(Staging, Runs):
     def _abort_locked(self, tx: Tx, code: str, reason: str) -> None:
         """Abort an active or preparing transaction whose lock we hold."""
         self.fs.forget(tx.tid)
-        self._append([self._rec("decision", tx.tid, outcome="abort", code=code, reason=reason)])
+        self._append([records.decision_abort(tx.tid, code=code, reason=reason)])
         crashpoints.hit("abort.after_decision")
         self._finish_abort(self.txs[tx.tid])
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..core import records as log_records
 from ..core.states import Tx
 from ..errors import (
     Agent2PCError,
@@ -39,8 +40,10 @@ from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve, resolve_dir
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, Callable, ContextManager
 
+    from ..core.records import AnyRecord, StageRecord
     from ..isolation import Change, RunResult, StagedView
     from ..storage.workspace import Layout
 
@@ -135,9 +138,8 @@ class Runs:
     txs: dict[str, Tx]
     active: Callable[[str], ContextManager[Tx]]
     _append: Callable[..., None]
-    _rec: Callable[..., dict[str, Any]]
-    _append_staged: Callable[[list[dict[str, Any]], list[Pending]], None]
-    _stage_rec: Callable[..., dict[str, Any]]
+    _append_staged: Callable[[Sequence[AnyRecord], list[Pending]], None]
+    _stage_rec: Callable[..., StageRecord]
     _tree_fingerprint: Callable[[str], str | None]
     _check_placeable: Callable[..., None]
     _check_confined: Callable[[Tx], None]
@@ -241,7 +243,7 @@ class Runs:
         result = _result_json(res)
         rec = {"key": check_key(command, options), "command": command, "options": options,
                "fingerprint": fp, **result}
-        self._append([self._rec("check", tx.tid, **rec)])
+        self._append([log_records.check(tx.tid, **rec)])
         return result, staged
 
     def _run(self, view: StagedView, command: str | list[str], options: dict[str, Any],
@@ -489,8 +491,8 @@ class Runs:
                         rec = self._stage_rec(tid, rel, "delete", via, None, 0, None, pre)
                     elif c.op == "symlink":
                         assert c.target is not None
-                        rec = self._rec("stage", tid, path=rel, op="symlink", via=via,
-                                        blob=None, size=0, mode=None, pre=pre, target=c.target)
+                        rec = log_records.stage(tid, path=rel, op="symlink", via=via, blob=None,
+                                                size=0, mode=None, pre=pre, target=c.target)
                     elif c.op == "mkdir":
                         rec = self._stage_rec(tid, rel, "mkdir", via, None, 0, c.mode, pre)
                     else:

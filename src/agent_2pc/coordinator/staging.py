@@ -11,6 +11,7 @@ import os
 import stat
 
 from .. import crashpoints
+from ..core import records as log_records
 from ..core.states import DIR_FINGERPRINT, Op, Tx, effects_summary, iso_ms
 from ..errors import (
     AmbiguousMatch,
@@ -27,7 +28,10 @@ from .paths import path_error, resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, Callable, ContextManager
+
+    from ..core.records import AnyRecord, StageRecord
 
 NAME_CHARS_MAX = 200
 DIFF_BYTES_MAX = 8 << 20  # larger files are summarized by size, not read for a text diff
@@ -65,7 +69,6 @@ class Staging:
     active: Callable[[str], ContextManager[Tx]]
     locked: Callable[[str], ContextManager[Tx | dict[str, Any]]]
     _append: Callable[..., None]
-    _rec: Callable[..., dict[str, Any]]
     _refresh: Callable[[], None]
 
     # -- the tree and the view ---------------------------------------------------------------
@@ -261,7 +264,7 @@ class Staging:
         rel = resolve(self.root, path)
         with self.active(tid):
             digest, _ = self._tree_digest(rel)
-            self._append([self._rec("read", tid, path=rel, sha256=digest)])
+            self._append([log_records.read(tid, path=rel, sha256=digest)])
         return {"path": rel, "sha256": digest}
 
     def read(self, tid: str, path: str) -> bytes | None:
@@ -273,7 +276,7 @@ class Staging:
                 return self._view_read(tx, rel)
             data = self._tree_read(rel)
             digest = None if data is None else sha256_bytes(data)
-            self._append([self._rec("read", tid, path=rel, sha256=digest)])
+            self._append([log_records.read(tid, path=rel, sha256=digest)])
             return data
 
     def stage_write(self, tid: str, path: str, content: bytes | None = None, *,
@@ -303,7 +306,7 @@ class Staging:
                                                  blob.size, mode, pre)], [blob])
         return {"path": rel, "op": "write", "bytes": blob.size}
 
-    def _append_staged(self, records: list[dict[str, Any]], blobs: list[Pending]) -> None:
+    def _append_staged(self, records: Sequence[AnyRecord], blobs: list[Pending]) -> None:
         """Append stage records, then settle their blobs (which a commit or garbage collection
         may have taken away between our check and our append; storage/blobs.py)."""
         try:
@@ -316,12 +319,12 @@ class Staging:
             blob.settle()
 
     def _stage_rec(self, tid: str, rel: str, op: str, via: str, blob: str | None, size: int,
-                   mode: int | None, pre: str | None) -> dict[str, Any]:
+                   mode: int | None, pre: str | None) -> StageRecord:
         # Permission bits only: a mode given by a caller passed check_mode; one captured from
         # a command (exec, promote: a file it chmod'ed u+s, a directory that inherited g+s)
         # loses its setuid, setgid and sticky bits here.
-        return self._rec("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
-                         mode=None if mode is None else mode & MODE_MAX, pre=pre)
+        return log_records.stage(tid, path=rel, op=op, via=via, blob=blob, size=size,
+                                 mode=None if mode is None else mode & MODE_MAX, pre=pre)
 
     def stage_delete(self, tid: str, path: str) -> dict[str, Any]:
         rel = resolve(self.root, path)
@@ -406,15 +409,15 @@ class Staging:
             n = len(tx.effects)
             key = idempotency_key if idempotency_key is not None else (
                 f"a2pc-{tid}-{n}-{os.urandom(4).hex()}")
-            self._append([self._rec("effect", tid, n=n, kind="http", request=request, key=key,
-                                    compensate=comp)])
+            self._append([log_records.effect(tid, n=n, kind="http", request=request, key=key,
+                                             compensate=comp)])
         return {"n": n, "method": request["method"], "url": request["url"],
                 "idempotency_key": key, "compensate": comp is not None}
 
     def savepoint(self, tid: str, name: str) -> dict[str, Any]:
         name = _check_name(name)
         with self.active(tid):
-            self._append([self._rec("savepoint", tid, name=name)])
+            self._append([log_records.savepoint(tid, name=name)])
         return {"name": name}
 
     def rollback_to(self, tid: str, name: str) -> dict[str, Any]:
@@ -424,7 +427,7 @@ class Staging:
                 known = ", ".join(s[0] for s in tx.savepoints) or "none"
                 raise UnknownSavepoint(f"{tid} has no savepoint {name!r} (it has: {known})",
                                        name=name)
-            self._append([self._rec("rollback", tid, name=name)])
+            self._append([log_records.rollback(tid, name=name)])
         return {"name": name}
 
     # -- looking -----------------------------------------------------------------------------

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import time
 
+from .records import BadRecord, shape_problem
+
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
     from typing import Any
@@ -176,18 +178,42 @@ class Tx:
 
 def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryview = b"") -> Tx:
     """Fold one record into ``txs``; return the transaction it touched. ``frame`` is the
-    record's bytes on disk, kept with the transaction so compaction can copy them."""
-    tid = rec["tid"]
-    t = rec["type"]
+    record's bytes on disk, kept with the transaction so compaction can copy them.
+
+    BadRecord when the record fails its kind's shape (core/records.py), IllegalTransition when
+    the table (or a savepoint, or the order of effects) does not allow it: both are
+    corruption. Anything else raised here is a bug in the fold."""
+    try:  # a frame without them is damage (storage/wal_format.py), but nobody may guess
+        t = rec["type"]
+        tid = rec["tid"]
+    except KeyError:
+        raise BadRecord(rec, shape_problem(rec) or "no type or tid") from None
+    if t == "stage" and type(tid) is str:
+        tx = txs.get(tid)
+        get = rec.get
+        if tx is not None and tx.state == ACTIVE and type(get("ts")) is int:
+            # Most of any log: TRANSITIONS[("stage", ACTIVE)] without a lookup, and the
+            # stage shape checked inline (tests/test_record_shapes.py holds it to SHAPES).
+            path, op, via, blob = get("path"), get("op"), get("via"), get("blob")
+            size, mode, pre, target = get("size", 0), get("mode"), get("pre"), get("target")
+            if (type(path) is str and type(op) is str and type(size) is int
+                    and (via is None or type(via) is str)
+                    and (blob is None or type(blob) is str)
+                    and (mode is None or type(mode) is int)
+                    and (pre is None or type(pre) is str)
+                    and (target is None or type(target) is str)):
+                tx.ops.append(Op(path, op, via or op, blob, size, mode, pre, target))
+                tx.frames.append(frame)
+                return tx
+    why = shape_problem(rec)
+    if why is not None:
+        raise BadRecord(rec, why)
     tx = txs.get(tid)
-    if t == "stage" and tx is not None and tx.state == ACTIVE:
-        after = ACTIVE  # TRANSITIONS[("stage", ACTIVE)], most of any log: no lookup
-    else:
-        kind = t if t != "decision" and t != "end" else record_kind(rec)
-        found = TRANSITIONS.get((kind, tx.state if tx is not None else None))
-        if found is None:
-            raise IllegalTransition(tid, kind, tx.state if tx is not None else None)
-        after = found
+    state = tx.state if tx is not None else None
+    kind = t if t != "decision" and t != "end" else record_kind(rec)
+    after = TRANSITIONS.get((kind, state))
+    if after is None:
+        raise IllegalTransition(tid, kind, state)
     if t == "begin":
         tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
                 timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))

@@ -122,6 +122,15 @@ def test_a_whole_transaction_built_by_the_builders_folds_to_its_end() -> None:
         "aborted", "aborted", "by request", [0])
 
 
+def test_the_log_header_built_by_its_builder_has_its_shape_and_is_read_back() -> None:
+    from agent_2pc.storage import wal_format
+
+    rec = records.log_header("ab" * 16, ts=1)
+    assert shape_problem(rec) is None
+    assert wal_format.read_log_header(wal_format.log_header("ab" * 16, 1)) == (
+        "ab" * 16, len(wal_format.encode(dict(rec))))
+
+
 def test_a_builder_refuses_to_build_a_malformed_record() -> None:
     with pytest.raises(AssertionError, match="'path'"):
         records.stage(TID, path=5, op="write", via="write", blob=BLOB, size=1,  # type: ignore[arg-type]

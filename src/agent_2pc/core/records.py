@@ -116,9 +116,9 @@ if TYPE_CHECKING:
         diverged: NotRequired[list[str]]
         uncompensated: NotRequired[list[int]]
 
-    AnyRecord = Union[BeginRecord, ReadRecord, StageRecord, EffectRecord, ResultRecord,
-                      CheckRecord, SavepointRecord, RollbackRecord, PrepareRecord,
-                      DecisionRecord, EndRecord]
+    AnyRecord = Union[LogHeaderRecord, BeginRecord, ReadRecord, StageRecord, EffectRecord,
+                      ResultRecord, CheckRecord, SavepointRecord, RollbackRecord,
+                      PrepareRecord, DecisionRecord, EndRecord]
     # A field's spec: (name, the JSON types it may have, required, what is inside it: the
     # type of a list's items or the spec of an object's fields, or None).
     Spec = tuple[str, tuple[type, ...], bool, Any]
@@ -249,6 +249,13 @@ def now_ms() -> int:
 
 
 # -- builders, one per kind (docs/format.md, "Records") ------------------------------------------
+
+def log_header(workspace: str, *, ts: int) -> LogHeaderRecord:
+    """The first frame of a log: the workspace it belongs to (storage/wal_format.py)."""
+    rec: LogHeaderRecord = {"type": "log", "tid": "", "ts": ts, "workspace": workspace}
+    _check_built(rec)
+    return rec
+
 
 def begin(tid: str, *, label: str | None, timeout_ms: int | None, boot: str | None,
           pid: int) -> BeginRecord:

@@ -141,6 +141,48 @@ def test_a_builder_refuses_to_build_a_malformed_record() -> None:
         records.end(TID, state="aborted", uncompensated=["0"])  # type: ignore[list-item]
 
 
+def _typed_dicts() -> dict[str, dict[str, tuple[set[str], bool]]]:
+    """kind -> field -> (JSON type names, required), read from the TypedDicts in records.py
+    (they exist for mypy only: the module defines them under TYPE_CHECKING)."""
+    import ast
+
+    with open(records.__file__, encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    out: dict[str, dict[str, tuple[set[str], bool]]] = {}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.ClassDef) and node.name.endswith("Record")
+                and node.name != "BadRecord"):
+            continue
+        fields: dict[str, tuple[set[str], bool]] = {}
+        kind = None
+        for stmt in node.body:
+            if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
+                continue
+            text = ast.unparse(stmt.annotation)
+            if stmt.target.id == "type":
+                assert isinstance(stmt.annotation, ast.Subscript)  # Literal["kind"]
+                kind = ast.literal_eval(stmt.annotation.slice)
+                continue
+            required = not text.startswith("NotRequired[")
+            if not required:
+                text = text[len("NotRequired["):-1]
+            names = {part.strip().partition("[")[0] for part in text.split("|")}
+            fields[stmt.target.id] = ({"NoneType" if n == "None" else n for n in names},
+                                      required)
+        assert kind is not None, node.name
+        out[kind] = fields
+    return out
+
+
+def test_the_typed_dicts_and_the_shapes_the_fold_checks_say_the_same() -> None:
+    typed = _typed_dicts()
+    assert set(typed) == set(SHAPES)
+    for kind, specs in SHAPES.items():
+        shape = {name: ({t.__name__ for t in types}, required)
+                 for name, types, required, _ in specs}
+        assert shape == typed[kind], kind
+
+
 # -- missing fields and wrong types are corruption ---------------------------------------------
 
 def _required() -> list[tuple[str, str]]:

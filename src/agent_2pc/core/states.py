@@ -20,7 +20,8 @@ Records (the payloads of log frames; docs/format.md lists every field)::
 effect (phase ``effect``) or its compensation (phase ``compensate``) came to.
 
 ``ts`` is milliseconds since the epoch. A record that the table does not allow is an
-IllegalTransition: the log is corrupt or there is a bug, and nobody may guess.
+IllegalTransition: the log is corrupt or there is a bug, and nobody may guess. A record whose
+fields are not of its kind's shape (core/records.py, which also builds them) is a BadRecord.
 """
 
 from __future__ import annotations

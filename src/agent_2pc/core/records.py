@@ -10,7 +10,8 @@ A record is a JSON object (docs/format.md, "Records"). Each kind has
 - a row of ``SHAPES``, what the fold (core/states.py) checks every record against before it
   reads one field of it. A record that fails is corruption (``BadRecord``, which the engine
   reports as ``corrupt_wal``); once a record passed, a KeyError or TypeError in the fold is a
-  bug in the fold, and is raised as one.
+  bug in the fold, and is raised as one. tests/test_record_shapes.py holds the TypedDicts and
+  SHAPES to the same fields, types and required-ness.
 
 A shape checks JSON types, not values: which paths, blob names and modes may be applied is
 core/confine.py's business, asked when a transaction is about to be applied. Fields a shape does

@@ -222,48 +222,54 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryv
     else:
         assert tx is not None
         tx.state = after
-        if t == "stage":
-            get = rec.get
-            tx.ops.append(Op(rec["path"], rec["op"], get("via") or rec["op"], get("blob"),
-                             get("size", 0), get("mode"), get("pre"), get("target")))
-        elif t == "read":
-            tx.reads.append((rec["path"], rec.get("sha256")))
-        elif t == "effect":
-            if rec["n"] != len(tx.effects):
-                raise IllegalTransition(tid, f"effect {rec['n']} out of order", tx.state)
-            tx.effects.append(rec)
-        elif t == "result":
-            tx.results[(rec["phase"], rec["n"])] = rec
-        elif t == "check":
-            tx.checks.pop(rec["key"], None)
-            tx.checks[rec["key"]] = rec
-        elif t == "savepoint":
-            tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
-            tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads), len(tx.effects)))
-        elif t == "rollback":
-            idx = next((i for i, s in enumerate(tx.savepoints) if s[0] == rec["name"]), None)
-            if idx is None:
-                raise IllegalTransition(tid, f"rollback to unknown savepoint {rec['name']!r}",
-                                        tx.state)
-            _, n_ops, n_reads, n_effects = tx.savepoints[idx]
-            del tx.ops[n_ops:]
-            del tx.reads[n_reads:]
-            del tx.effects[n_effects:]
-            del tx.savepoints[idx + 1:]
-        elif t == "prepare":
-            tx.prepared = True
-        elif t == "decision":
-            tx.outcome = rec["outcome"]
-            tx.code = rec.get("code")
-            tx.reason = rec.get("reason")
-            tx.decision_fields = rec
-        elif t == "end":
-            tx.files = list(rec.get("files", ()))
-            tx.diverged = list(rec.get("diverged", ()))
-            tx.uncompensated = list(rec.get("uncompensated", ()))
-            tx.ended_ms = rec["ts"]
+        _fold_fields(tx, t, rec)
     tx.frames.append(frame)
     return tx
+
+
+def _fold_fields(tx: Tx, t: str, rec: dict[str, Any]) -> None:
+    """What a record (its shape checked, its transition allowed) changes in ``tx`` besides
+    its state."""
+    if t == "stage":
+        get = rec.get
+        tx.ops.append(Op(rec["path"], rec["op"], get("via") or rec["op"], get("blob"),
+                         get("size", 0), get("mode"), get("pre"), get("target")))
+    elif t == "read":
+        tx.reads.append((rec["path"], rec.get("sha256")))
+    elif t == "effect":
+        if rec["n"] != len(tx.effects):
+            raise IllegalTransition(tx.tid, f"effect {rec['n']} out of order", tx.state)
+        tx.effects.append(rec)
+    elif t == "result":
+        tx.results[(rec["phase"], rec["n"])] = rec
+    elif t == "check":
+        tx.checks.pop(rec["key"], None)
+        tx.checks[rec["key"]] = rec
+    elif t == "savepoint":
+        tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
+        tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads), len(tx.effects)))
+    elif t == "rollback":
+        idx = next((i for i, s in enumerate(tx.savepoints) if s[0] == rec["name"]), None)
+        if idx is None:
+            raise IllegalTransition(tx.tid, f"rollback to unknown savepoint {rec['name']!r}",
+                                    tx.state)
+        _, n_ops, n_reads, n_effects = tx.savepoints[idx]
+        del tx.ops[n_ops:]
+        del tx.reads[n_reads:]
+        del tx.effects[n_effects:]
+        del tx.savepoints[idx + 1:]
+    elif t == "prepare":
+        tx.prepared = True
+    elif t == "decision":
+        tx.outcome = rec["outcome"]
+        tx.code = rec.get("code")
+        tx.reason = rec.get("reason")
+        tx.decision_fields = rec
+    elif t == "end":
+        tx.files = list(rec.get("files", ()))
+        tx.diverged = list(rec.get("diverged", ()))
+        tx.uncompensated = list(rec.get("uncompensated", ()))
+        tx.ended_ms = rec["ts"]
 
 
 def effects_summary(tx: Tx) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ The engine tails the log before each step, so it sees what other processes appen
 
 from __future__ import annotations
 
+from ..core.records import now_ms as now_ms
 from ..core.states import ABORTED, ACTIVE, COMMITTED, IN_FLIGHT
 from ..errors import NotInitialized, TransactionAborted
 from ..participants.registry import participants_for
@@ -29,7 +30,6 @@ from .gate import Gate, Held, HeldActive
 from .gate import check_tid as check_tid
 from .journal import Journal
 from .journal import boot_id as boot_id
-from .journal import now_ms as now_ms
 from .recovery import Recovery
 from .runs import Runs
 from .staging import Staging

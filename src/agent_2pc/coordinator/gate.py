@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from ..core import confine
 from ..core import recovery as plans
+from ..core.records import now_ms
 from ..core.states import ACTIVE, FINISHED, IN_FLIGHT, Tx
 from ..errors import TransactionAborted, UnknownTid
 from .answers import refuse_inactive
-from .journal import now_ms
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ import time
 from _thread import RLock
 
 from .. import crashpoints
-from ..core import confine
+from ..core import confine, records
 from ..core.states import FINISHED, IllegalTransition, Tx, apply_record
 from ..errors import CorruptWal, UnknownTid
 from ..storage import history
@@ -25,15 +25,12 @@ from ..storage.workspace import log_check
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, Iterator
 
     from ..storage.workspace import Layout
 
 TX_LOCKS_CACHED_MAX = 256
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def boot_id() -> str | None:
@@ -43,13 +40,6 @@ def boot_id() -> str | None:
             return f.read().strip().decode() or None
     except OSError:
         return None
-
-
-def new_record(rtype: str, tid: str, /, **fields: Any) -> dict[str, Any]:
-    """A log record of ``tid``, stamped now."""
-    rec: dict[str, Any] = {"type": rtype, "tid": tid, "ts": now_ms()}
-    rec.update(fields)
-    return rec
 
 
 class Journal:
@@ -72,25 +62,24 @@ class Journal:
     def _absorb(self, batch: Batch) -> None:
         if batch.reset:
             self.txs = {}
-        try:
-            txs = self.txs
-            for rec, frame in zip(batch.records, batch.frames, strict=True):
+        txs = self.txs
+        for rec, frame in zip(batch.records, batch.frames, strict=True):
+            try:
                 apply_record(txs, rec, frame)
-        except IllegalTransition as exc:
-            raise CorruptWal(f"{self.layout.wal}: {exc}", path=self.layout.wal,
-                             tid=exc.tid) from None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CorruptWal(f"{self.layout.wal}: malformed record ({exc!r})",
-                             path=self.layout.wal) from None
+            except (IllegalTransition, records.BadRecord) as exc:
+                # Corruption; any other exception of the fold is a bug, raised as it is.
+                offset = self.log.offset_of(frame)
+                raise CorruptWal(f"{self.layout.wal}: the record at offset {offset}: {exc}",
+                                 path=self.layout.wal, offset=offset, tid=exc.tid) from None
 
     def refresh(self) -> None:
         """Fold in what was appended since the last read (by any process)."""
         with self._mutex, PausedGc():
             self._absorb(self.log.read())
 
-    def append(self, records: list[dict[str, Any]], *, sync: bool = False) -> None:
+    def append(self, recs: Sequence[records.AnyRecord], *, sync: bool = False) -> None:
         with self._mutex:
-            self._absorb(self.log.append(records, sync=sync))
+            self._absorb(self.log.append(records.as_json(recs), sync=sync))
 
     def context(self, tid: str) -> TxContext:
         """What a participant may do to the log while it works on ``tid`` (base.Context)."""
@@ -209,7 +198,7 @@ class TxContext:
         self.tid = tid
 
     def record(self, fields: dict[str, Any], sync: bool) -> None:
-        self._journal.append([new_record("result", self.tid, **fields)], sync=sync)
+        self._journal.append([records.result(self.tid, **fields)], sync=sync)
         crashpoints.hit("api.after_record")
 
     def sync(self) -> None:

@@ -38,6 +38,7 @@ import struct
 import time
 import zlib
 
+from ..core.records import BadRecord
 from ..core.states import (
     ABORTED,
     COMMITTED,
@@ -174,7 +175,7 @@ class _WalTail:
         for i, rec in enumerate(decoded.records):
             try:
                 tx = apply_record(self.txs, rec)
-            except (IllegalTransition, KeyError, TypeError, ValueError) as exc:
+            except (IllegalTransition, BadRecord) as exc:  # corruption; the rest, bugs
                 at = start + sum(len(f) for f in decoded.frames[:i])
                 self.offset = at
                 self.damage = {"offset": at, "reason": f"record not allowed here ({exc})",

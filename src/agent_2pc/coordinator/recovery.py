@@ -10,10 +10,10 @@ alone.
 from __future__ import annotations
 
 from ..core import recovery as plans
+from ..core.records import now_ms
 from ..core.states import COMMITTED, FINISHED, Tx
 from ..errors import ApplyIncomplete
 from ..participants.base import ApplyFailed
-from .journal import now_ms
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:

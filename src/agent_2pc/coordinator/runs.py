@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..core import records as log_records
 from ..core.states import Tx
 from ..errors import (
     Agent2PCError,
@@ -35,13 +36,13 @@ from ..errors import (
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import sha256_bytes
-from .journal import new_record
 from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve, resolve_dir
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
     from typing import Any, Callable
 
+    from ..core.records import StageRecord
     from ..isolation import Change, RunResult, StagedView
     from .gate import Gate
     from .journal import Journal
@@ -242,7 +243,7 @@ class Runs:
         result = _result_json(res)
         rec = {"key": check_key(command, options), "command": command, "options": options,
                "fingerprint": fp, **result}
-        self.journal.append([new_record("check", tx.tid, **rec)])
+        self.journal.append([log_records.check(tx.tid, **rec)])
         return result, staged
 
     def _run(self, view: StagedView, command: str | list[str], options: dict[str, Any],
@@ -474,7 +475,7 @@ class Runs:
         staged: list[dict[str, Any]] = []
         pending: list[Pending] = []
         with self.gate.active(tid) as tx:
-            records = []
+            records: list[StageRecord] = []
             puts: dict[str, str] = {}  # path -> op, staged by this capture so far
             try:
                 for c in changes:
@@ -490,7 +491,7 @@ class Runs:
                         rec = self.staging.stage_record(tid, rel, "delete", via, None, 0, None, pre)
                     elif c.op == "symlink":
                         assert c.target is not None
-                        rec = new_record("stage", tid, path=rel, op="symlink", via=via,
+                        rec = log_records.stage(tid, path=rel, op="symlink", via=via,
                                          blob=None, size=0, mode=None, pre=pre,
                                          target=c.target)
                     elif c.op == "mkdir":

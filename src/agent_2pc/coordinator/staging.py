@@ -11,6 +11,7 @@ import os
 import stat
 
 from .. import crashpoints
+from ..core import records as log_records
 from ..core.states import DIR_FINGERPRINT, Op, Tx, iso_ms
 from ..errors import (
     AmbiguousMatch,
@@ -23,13 +24,14 @@ from ..errors import (
 )
 from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
-from .journal import new_record
 from .paths import path_error, resolve
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any, Callable
 
+    from ..core.records import StageRecord
     from ..participants.base import Participant
     from .gate import Gate
     from .journal import Journal
@@ -265,7 +267,7 @@ class Staging:
         rel = resolve(self.root, path)
         with self.gate.active(tid):
             digest, _ = self._tree_digest(rel)
-            self.journal.append([new_record("read", tid, path=rel, sha256=digest)])
+            self.journal.append([log_records.read(tid, path=rel, sha256=digest)])
         return {"path": rel, "sha256": digest}
 
     def read(self, tid: str, path: str) -> bytes | None:
@@ -277,7 +279,7 @@ class Staging:
                 return self._view_read(tx, rel)
             data = self._tree_read(rel)
             digest = None if data is None else sha256_bytes(data)
-            self.journal.append([new_record("read", tid, path=rel, sha256=digest)])
+            self.journal.append([log_records.read(tid, path=rel, sha256=digest)])
             return data
 
     def stage_write(self, tid: str, path: str, content: bytes | None = None, *,
@@ -307,7 +309,7 @@ class Staging:
                                                   blob.size, mode, pre)], [blob])
         return {"path": rel, "op": "write", "bytes": blob.size}
 
-    def append_staged(self, records: list[dict[str, Any]], blobs: list[Pending]) -> None:
+    def append_staged(self, records: Sequence[StageRecord], blobs: list[Pending]) -> None:
         """Append stage records, then settle their blobs (which a commit or garbage collection
         may have taken away between our check and our append; storage/blobs.py)."""
         try:
@@ -320,13 +322,13 @@ class Staging:
             blob.settle()
 
     def stage_record(self, tid: str, rel: str, op: str, via: str, blob: str | None,
-                     size: int, mode: int | None, pre: str | None) -> dict[str, Any]:
+                     size: int, mode: int | None, pre: str | None) -> StageRecord:
         """A ``stage`` record of ``tid`` (the steps of runs.py build theirs here too)."""
         # Permission bits only: a mode given by a caller passed check_mode; one captured from
         # a command (exec, promote: a file it chmod'ed u+s, a directory that inherited g+s)
         # loses its setuid, setgid and sticky bits here.
-        return new_record("stage", tid, path=rel, op=op, via=via, blob=blob, size=size,
-                          mode=None if mode is None else mode & MODE_MAX, pre=pre)
+        return log_records.stage(tid, path=rel, op=op, via=via, blob=blob, size=size,
+                                 mode=None if mode is None else mode & MODE_MAX, pre=pre)
 
     def stage_delete(self, tid: str, path: str) -> dict[str, Any]:
         rel = resolve(self.root, path)
@@ -412,14 +414,14 @@ class Staging:
         request, comp = http_call(method, url, body, headers, idempotency_key, compensate)
         with self.gate.active(tid) as tx:
             effect = staged_effect(tid, len(tx.effects), request, comp, idempotency_key)
-            self.journal.append([new_record("effect", tid, **effect)])
+            self.journal.append([log_records.effect(tid, **effect)])
         return {"n": effect["n"], "method": request["method"], "url": request["url"],
                 "idempotency_key": effect["key"], "compensate": comp is not None}
 
     def savepoint(self, tid: str, name: str) -> dict[str, Any]:
         name = _check_name(name)
         with self.gate.active(tid):
-            self.journal.append([new_record("savepoint", tid, name=name)])
+            self.journal.append([log_records.savepoint(tid, name=name)])
         return {"name": name}
 
     def rollback_to(self, tid: str, name: str) -> dict[str, Any]:
@@ -429,7 +431,7 @@ class Staging:
                 known = ", ".join(s[0] for s in tx.savepoints) or "none"
                 raise UnknownSavepoint(f"{tid} has no savepoint {name!r} (it has: {known})",
                                        name=name)
-            self.journal.append([new_record("rollback", tid, name=name)])
+            self.journal.append([log_records.rollback(tid, name=name)])
         return {"name": name}
 
     # -- looking -----------------------------------------------------------------------------

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 
 from .. import crashpoints
+from ..core import records
 from ..core.states import ABORTED, COMMITTED, FINISHED, Tx
 from ..errors import ApplyIncomplete, TransactionAborted, UsageError
 from ..participants.base import YES, ApplyFailed, Vote
 from ..storage.scratch import discard
-from .journal import new_record, tid_of_new_transaction
+from .journal import tid_of_new_transaction
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class TwoPhase:
             raise UsageError("`label` must be a string of at most 200 characters",
                              params=("label",))
         tid = tid_of_new_transaction(self.journal.txs)
-        self.journal.append([new_record("begin", tid, label=label, timeout_ms=timeout_ms or None,
+        self.journal.append([records.begin(tid, label=label, timeout_ms=timeout_ms or None,
                                         boot=self.journal.boot, pid=os.getpid())])
         return {"tid": tid}
 
@@ -68,7 +69,7 @@ class TwoPhase:
         fields: dict[str, Any] = {}
         for participant in self.participants:
             fields.update(participant.decision_fields(tid))
-        self.journal.append([new_record("decision", tid, outcome="commit", **fields)],
+        self.journal.append([records.decision_commit(tid, **fields)],
                             sync=True)
         crashpoints.hit("commit.after_decision")
         try:
@@ -78,7 +79,7 @@ class TwoPhase:
 
     def prepare(self, tid: str) -> Tx:
         """Record the start of prepare and collect the votes; abort on the first no."""
-        self.journal.append([new_record("prepare", tid, pid=os.getpid())])
+        self.journal.append([records.prepare(tid, pid=os.getpid())])
         vote = self._stuck_overlap(self.journal.txs[tid]) or self._vote(self.journal.txs[tid])
         if not vote.yes:
             code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
@@ -149,7 +150,7 @@ class TwoPhase:
         """Abort an active or preparing transaction whose lock we hold."""
         for participant in self.participants:
             participant.forget(tx.tid)
-        self.journal.append([new_record("decision", tx.tid, outcome="abort", code=code,
+        self.journal.append([records.decision_abort(tx.tid, code=code,
                                         reason=reason)])
         crashpoints.hit("abort.after_decision")
         self.finish_abort(self.journal.txs[tx.tid])
@@ -168,11 +169,7 @@ class TwoPhase:
 
 
 def end_record(tid: str, state: str, files: list[str] | None = None,
-               diverged: list[str] | None = None, **fields: Any) -> dict[str, Any]:
+               diverged: list[str] | None = None, **fields: Any) -> records.EndRecord:
     """The end record: the state, the files applied, what diverged, and what the
     participants' undo adds (e.g. ``uncompensated``)."""
-    out: dict[str, Any] = {"state": state, "files": files or []}
-    if diverged:
-        out["diverged"] = diverged
-    out.update(fields)
-    return new_record("end", tid, **out)
+    return records.end(tid, state=state, files=files, diverged=diverged, **fields)

@@ -20,12 +20,15 @@ Records (the payloads of log frames; docs/format.md lists every field)::
 effect (phase ``effect``) or its compensation (phase ``compensate``) came to.
 
 ``ts`` is milliseconds since the epoch. A record that the table does not allow is an
-IllegalTransition: the log is corrupt or there is a bug, and nobody may guess.
+IllegalTransition: the log is corrupt or there is a bug, and nobody may guess. A record whose
+fields are not of its kind's shape (core/records.py, which also builds them) is a BadRecord.
 """
 
 from __future__ import annotations
 
 import time
+
+from .records import BadRecord, shape_problem
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -176,18 +179,42 @@ class Tx:
 
 def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryview = b"") -> Tx:
     """Fold one record into ``txs``; return the transaction it touched. ``frame`` is the
-    record's bytes on disk, kept with the transaction so compaction can copy them."""
-    tid = rec["tid"]
-    t = rec["type"]
+    record's bytes on disk, kept with the transaction so compaction can copy them.
+
+    BadRecord when the record fails its kind's shape (core/records.py), IllegalTransition when
+    the table (or a savepoint, or the order of effects) does not allow it: both are
+    corruption. Anything else raised here is a bug in the fold."""
+    try:  # a frame without them is damage (storage/wal_format.py), but nobody may guess
+        t = rec["type"]
+        tid = rec["tid"]
+    except KeyError:
+        raise BadRecord(rec, shape_problem(rec) or "no type or tid") from None
+    if t == "stage" and type(tid) is str:
+        tx = txs.get(tid)
+        get = rec.get
+        if tx is not None and tx.state == ACTIVE and type(get("ts")) is int:
+            # Most of any log: TRANSITIONS[("stage", ACTIVE)] without a lookup, and the
+            # stage shape checked inline (tests/test_record_shapes.py holds it to SHAPES).
+            path, op, via, blob = get("path"), get("op"), get("via"), get("blob")
+            size, mode, pre, target = get("size", 0), get("mode"), get("pre"), get("target")
+            if (type(path) is str and type(op) is str and type(size) is int
+                    and (via is None or type(via) is str)
+                    and (blob is None or type(blob) is str)
+                    and (mode is None or type(mode) is int)
+                    and (pre is None or type(pre) is str)
+                    and (target is None or type(target) is str)):
+                tx.ops.append(Op(path, op, via or op, blob, size, mode, pre, target))
+                tx.frames.append(frame)
+                return tx
+    why = shape_problem(rec)
+    if why is not None:
+        raise BadRecord(rec, why)
     tx = txs.get(tid)
-    if t == "stage" and tx is not None and tx.state == ACTIVE:
-        after = ACTIVE  # TRANSITIONS[("stage", ACTIVE)], most of any log: no lookup
-    else:
-        kind = t if t != "decision" and t != "end" else record_kind(rec)
-        found = TRANSITIONS.get((kind, tx.state if tx is not None else None))
-        if found is None:
-            raise IllegalTransition(tid, kind, tx.state if tx is not None else None)
-        after = found
+    state = tx.state if tx is not None else None
+    kind = t if t != "decision" and t != "end" else record_kind(rec)
+    after = TRANSITIONS.get((kind, state))
+    if after is None:
+        raise IllegalTransition(tid, kind, state)
     if t == "begin":
         tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
                 timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))
@@ -195,48 +222,54 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryv
     else:
         assert tx is not None
         tx.state = after
-        if t == "stage":
-            get = rec.get
-            tx.ops.append(Op(rec["path"], rec["op"], get("via") or rec["op"], get("blob"),
-                             get("size", 0), get("mode"), get("pre"), get("target")))
-        elif t == "read":
-            tx.reads.append((rec["path"], rec.get("sha256")))
-        elif t == "effect":
-            if rec["n"] != len(tx.effects):
-                raise IllegalTransition(tid, f"effect {rec['n']} out of order", tx.state)
-            tx.effects.append(rec)
-        elif t == "result":
-            tx.results[(rec["phase"], rec["n"])] = rec
-        elif t == "check":
-            tx.checks.pop(rec["key"], None)
-            tx.checks[rec["key"]] = rec
-        elif t == "savepoint":
-            tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
-            tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads), len(tx.effects)))
-        elif t == "rollback":
-            idx = next((i for i, s in enumerate(tx.savepoints) if s[0] == rec["name"]), None)
-            if idx is None:
-                raise IllegalTransition(tid, f"rollback to unknown savepoint {rec['name']!r}",
-                                        tx.state)
-            _, n_ops, n_reads, n_effects = tx.savepoints[idx]
-            del tx.ops[n_ops:]
-            del tx.reads[n_reads:]
-            del tx.effects[n_effects:]
-            del tx.savepoints[idx + 1:]
-        elif t == "prepare":
-            tx.prepared = True
-        elif t == "decision":
-            tx.outcome = rec["outcome"]
-            tx.code = rec.get("code")
-            tx.reason = rec.get("reason")
-            tx.decision_fields = rec
-        elif t == "end":
-            tx.files = list(rec.get("files", ()))
-            tx.diverged = list(rec.get("diverged", ()))
-            tx.uncompensated = list(rec.get("uncompensated", ()))
-            tx.ended_ms = rec["ts"]
+        _fold_fields(tx, t, rec)
     tx.frames.append(frame)
     return tx
+
+
+def _fold_fields(tx: Tx, t: str, rec: dict[str, Any]) -> None:
+    """What a record (its shape checked, its transition allowed) changes in ``tx`` besides
+    its state."""
+    if t == "stage":
+        get = rec.get
+        tx.ops.append(Op(rec["path"], rec["op"], get("via") or rec["op"], get("blob"),
+                         get("size", 0), get("mode"), get("pre"), get("target")))
+    elif t == "read":
+        tx.reads.append((rec["path"], rec.get("sha256")))
+    elif t == "effect":
+        if rec["n"] != len(tx.effects):
+            raise IllegalTransition(tx.tid, f"effect {rec['n']} out of order", tx.state)
+        tx.effects.append(rec)
+    elif t == "result":
+        tx.results[(rec["phase"], rec["n"])] = rec
+    elif t == "check":
+        tx.checks.pop(rec["key"], None)
+        tx.checks[rec["key"]] = rec
+    elif t == "savepoint":
+        tx.savepoints = [s for s in tx.savepoints if s[0] != rec["name"]]
+        tx.savepoints.append((rec["name"], len(tx.ops), len(tx.reads), len(tx.effects)))
+    elif t == "rollback":
+        idx = next((i for i, s in enumerate(tx.savepoints) if s[0] == rec["name"]), None)
+        if idx is None:
+            raise IllegalTransition(tx.tid, f"rollback to unknown savepoint {rec['name']!r}",
+                                    tx.state)
+        _, n_ops, n_reads, n_effects = tx.savepoints[idx]
+        del tx.ops[n_ops:]
+        del tx.reads[n_reads:]
+        del tx.effects[n_effects:]
+        del tx.savepoints[idx + 1:]
+    elif t == "prepare":
+        tx.prepared = True
+    elif t == "decision":
+        tx.outcome = rec["outcome"]
+        tx.code = rec.get("code")
+        tx.reason = rec.get("reason")
+        tx.decision_fields = rec
+    elif t == "end":
+        tx.files = list(rec.get("files", ()))
+        tx.diverged = list(rec.get("diverged", ()))
+        tx.uncompensated = list(rec.get("uncompensated", ()))
+        tx.ended_ms = rec["ts"]
 
 
 def effects_summary(tx: Tx) -> list[dict[str, Any]]:

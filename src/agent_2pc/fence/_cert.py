@@ -81,7 +81,8 @@ class Certificate(Record):
     read_set: list[dict[str, Any]]
     agent: str
     hash: str
-    signature: str | None
+    if TYPE_CHECKING:  # the default, for mypy (at run time: _defaults; fence/_record.py)
+        signature: str | None = None
 
     # -- building -------------------------------------------------------------------------------
 

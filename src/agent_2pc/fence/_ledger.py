@@ -88,11 +88,12 @@ class Domain(Record):
     __slots__ = ("name", "seq", "clock", "readers", "writers", "updated_at")
     _defaults = {"seq": 0, "clock": {}, "readers": {}, "writers": {}, "updated_at": 0.0}
     name: str
-    seq: int
-    clock: dict[str, int]
-    readers: dict[str, int]
-    writers: dict[str, int]
-    updated_at: float
+    if TYPE_CHECKING:  # the defaults, for mypy (at run time: _defaults; fence/_record.py)
+        seq: int = 0
+        clock: dict[str, int] = {}
+        readers: dict[str, int] = {}
+        writers: dict[str, int] = {}
+        updated_at: float = 0.0
 
 
 class Decision(Record):
@@ -105,9 +106,10 @@ class Decision(Record):
     __slots__ = ("outcome", "entry", "domains", "counters")
     _defaults = {"entry": None, "domains": (), "counters": {}}
     outcome: Any
-    entry: Entry | None
-    domains: tuple[Domain, ...]
-    counters: dict[str, int]
+    if TYPE_CHECKING:  # the defaults, for mypy (at run time: _defaults; fence/_record.py)
+        entry: Entry | None = None
+        domains: tuple[Domain, ...] = ()
+        counters: dict[str, int] = {}
 
     @property
     def writes(self) -> bool:

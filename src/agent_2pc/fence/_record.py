@@ -5,24 +5,37 @@ The CLI imports this package on every fence command, and each frozen dataclass c
 fence's start-up. A Record is defined by ``__slots__`` (its fields, in order) and ``_defaults``;
 it gets keyword/positional construction, immutability, ``==`` over the fields, a repr and
 ``replace()``.
+
+For mypy, Record is a dataclass_transform class: a subclass's annotated fields, in the order of
+its ``__slots__``, are its constructor's parameters, type-checked at every call. A field with a
+default is annotated, with that default, under ``if TYPE_CHECKING:`` (a class variable of the
+same name would collide with its slot); ``_defaults`` holds the default at run time. Nothing of
+this runs: ``_Typed`` is ``object`` outside type checking (tests/test_record_shapes.py holds the
+annotations to the slots).
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, TypeVar
+    from typing import Any, ClassVar, TypeVar, dataclass_transform
 
     R = TypeVar("R", bound="Record")
+
+    @dataclass_transform(eq_default=False, frozen_default=True)
+    class _Typed:
+        pass
+else:
+    _Typed = object
 
 
 _MISSING = object()
 
 
-class Record:
-    __slots__: tuple[str, ...] = ()
-    _defaults: dict[str, Any] = {}
-    _no_compare: frozenset[str] = frozenset()
+class Record(_Typed):
+    __slots__: ClassVar[tuple[str, ...]] = ()
+    _defaults: ClassVar[dict[str, Any]] = {}
+    _no_compare: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         fields = self.__slots__

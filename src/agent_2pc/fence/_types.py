@@ -262,8 +262,9 @@ class Fresh(Record):
     _defaults = {"takeover": False, "previous": None}
     ticket: Ticket
     lease_expires_at: float
-    takeover: bool
-    previous: str | None
+    if TYPE_CHECKING:  # the defaults, for mypy (at run time: _defaults; fence/_record.py)
+        takeover: bool = False
+        previous: str | None = None
     status = "fresh"
 
     def to_json(self) -> dict[str, Any]:

@@ -304,6 +304,16 @@ class Log:
                     self._distrust()
                     raise
 
+    def offset_of(self, frame: bytes | memoryview) -> int | None:
+        """Where ``frame`` (one this object handed out) lies in the file: for reporting a
+        record the fold refused. Reads the whole file; None if the frame is not there."""
+        try:
+            with open(self.path, "rb") as f:
+                at = f.read().find(bytes(frame))
+        except OSError:
+            return None
+        return at if at >= 0 else None
+
     def size(self) -> int:
         try:
             return os.stat(self.path).st_size

@@ -21,6 +21,8 @@ import json
 import struct
 import zlib
 
+from ..core import records
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -90,7 +92,8 @@ LOG_HEADER_TYPE = "log"
 
 
 def log_header(workspace_id: str, ts: int) -> bytes:
-    return encode({"type": LOG_HEADER_TYPE, "tid": "", "ts": ts, "workspace": workspace_id})
+    header = records.log_header(workspace_id, ts=ts)  # of type LOG_HEADER_TYPE
+    return encode(records.as_json([header])[0])
 
 
 def read_log_header(buf: bytes | memoryview) -> tuple[str | None, int]:

@@ -83,3 +83,50 @@ def test_a_no_vote_aborts_asks_no_later_participant_and_undoes_every_one(tmp_pat
         assert ("forget", tx.tid) in participant.calls
         assert ("undo", tx.tid) in participant.calls
     assert client.status(tx.tid)["transactions"][0]["state"] == "aborted"
+
+
+class Notes(Recording):
+    """A participant that stages effects of its own kind ("note") through the engine's one
+    step for effects, as a new remote participant would (participants/base.py EffectStager)."""
+
+    kinds = frozenset({"note"})
+
+    def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
+        from agent_2pc.errors import UsageError
+
+        if not isinstance(args.get("text"), str):
+            raise UsageError("a note has a `text`", params=("text",))
+        return args["text"]
+
+    def effect_fields(self, tid: str, n: int, checked: Any) -> dict[str, Any]:
+        return {"request": {"text": checked}, "key": f"note-{tid}-{n}", "compensate": None}
+
+    def staged_answer(self, effect: dict[str, Any]) -> dict[str, Any]:
+        return {"n": effect["n"], "text": effect["request"]["text"]}
+
+    def prepare(self, tx: Tx, ctx: Any) -> Vote:
+        self.calls.append(("prepare", [e["request"]["text"] for e in tx.effects
+                                       if e["kind"] in self.kinds]))
+        return self.vote
+
+
+def test_a_new_participant_stages_its_own_effects_and_the_api_participant_leaves_them(tmp_path):
+    # One class and its place in the list: the engine stages its effects, logs and folds them,
+    # and asks it to vote on them; the API participant (kind http) sends none of them.
+    client = Agent2PC.init(tmp_path)
+    notes = Notes("notes")
+    client.engine.participants.append(notes)
+    tx = client.begin()
+    assert client.engine.stage_effect(tx.tid, "note", {"text": "hello"}) == {
+        "n": 0, "text": "hello"}
+    with pytest.raises(Exception) as bad:
+        client.engine.stage_effect(tx.tid, "note", {"text": 3})
+    assert getattr(bad.value, "code", None) == "usage"
+    with pytest.raises(Exception) as unknown:
+        client.engine.stage_effect(tx.tid, "telegram", {})
+    assert getattr(unknown.value, "code", None) == "usage"
+    tx.stage_write("a.txt", "new\n")
+    assert "effects" not in client.status(tx.tid)["transactions"][0]  # no HTTP call staged
+    assert tx.commit()["state"] == "committed"
+    assert notes.calls[0] == ("prepare", ["hello"])
+    assert client.engine.txs[tx.tid].results == {}  # nothing was sent

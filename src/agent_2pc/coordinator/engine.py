@@ -166,8 +166,15 @@ class Engine:
     def stage_api(self, tid: str, method: str, url: str, body: Any = None,
                   headers: dict[str, str] | None = None, idempotency_key: str | None = None,
                   compensate: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self.staging.stage_api(tid, method, url, body, headers, idempotency_key,
-                                      compensate)
+        """Stage a remote HTTP call, sent exactly once at commit (participants/api.py)."""
+        return self.staging.stage_effect(tid, "http", {
+            "method": method, "url": url, "body": body, "headers": headers,
+            "idempotency_key": idempotency_key, "compensate": compensate})
+
+    def stage_effect(self, tid: str, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Stage an effect of ``kind`` for the participant that owns it (the faces of a new
+        participant call this; docs/design.md, "Adding a participant")."""
+        return self.staging.stage_effect(tid, kind, args)
 
     def savepoint(self, tid: str, name: str) -> dict[str, Any]:
         return self.staging.savepoint(tid, name)

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
     from ..core.records import StageRecord
-    from ..participants.base import Participant
+    from ..participants.base import EffectStager, Participant
     from .gate import Gate
     from .journal import Journal
 
@@ -405,18 +405,24 @@ class Staging:
             self.append_staged(records, pending)
         return {"files": files}
 
-    def stage_api(self, tid: str, method: str, url: str, body: Any = None,
-                  headers: dict[str, str] | None = None, idempotency_key: str | None = None,
-                  compensate: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Stage a remote HTTP call, sent exactly once at commit (participants/api.py)."""
-        from ..participants.api import http_call, staged_effect
-
-        request, comp = http_call(method, url, body, headers, idempotency_key, compensate)
+    def stage_effect(self, tid: str, kind: str, args: dict[str, Any]) -> dict[str, Any]:
+        """Stage one remote effect of ``kind`` (e.g. an HTTP call) for the participant that
+        owns the kind (participants/base.py, EffectStager): it checks ``args`` completely
+        before anything is logged, then gives the ``effect`` record's fields; one append."""
+        stager = self._effect_stager(kind)
+        checked = stager.check_effect(kind, args)
         with self.gate.active(tid) as tx:
-            effect = staged_effect(tid, len(tx.effects), request, comp, idempotency_key)
-            self.journal.append([log_records.effect(tid, **effect)])
-        return {"n": effect["n"], "method": request["method"], "url": request["url"],
-                "idempotency_key": effect["key"], "compensate": comp is not None}
+            n = len(tx.effects)
+            rec = log_records.effect(tid, n=n, kind=kind, **stager.effect_fields(tid, n, checked))
+            self.journal.append([rec])
+        return stager.staged_answer(log_records.as_json([rec])[0])
+
+    def _effect_stager(self, kind: str) -> EffectStager:
+        for participant in self.participants:
+            if kind in participant.kinds and hasattr(participant, "check_effect"):
+                stager: EffectStager = participant  # type: ignore[assignment]
+                return stager
+        raise UsageError(f"no participant stages effects of kind {kind!r}")
 
     def savepoint(self, tid: str, name: str) -> dict[str, Any]:
         name = _check_name(name)

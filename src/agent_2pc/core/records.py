@@ -148,6 +148,9 @@ _L = (list,)
 
 _REQUEST: tuple[Spec, ...] = (("method", _S, True, None), ("url", _S, True, None),
                               ("headers", _D, False, None))
+# An effect's request, by the effect's kind (a record without a kind is an HTTP call: logs
+# before participants could stage effects of their own kinds).
+EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {"http": _REQUEST}
 # kind -> the specs of its fields besides type, tid and ts (which every record has).
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
@@ -159,7 +162,7 @@ SHAPES: dict[str, tuple[Spec, ...]] = {
               ("mode", _I_N, False, None), ("pre", _S_N, False, None),
               ("target", _S_N, False, None)),
     "effect": (("n", _I, True, None), ("kind", _S, False, None),
-               ("request", _D, True, _REQUEST), ("key", _S, True, None),
+               ("request", _D, True, None), ("key", _S, True, None),
                ("compensate", _D_N, False, None)),
     "result": (("phase", _S, True, None), ("n", _I, True, None), ("outcome", _S, True, None),
                ("status", _I_N, False, None), ("response", _D_N, False, None),
@@ -193,7 +196,13 @@ def shape_problem(rec: Any) -> str | None:
     specs = SHAPES.get(rec["type"])
     if specs is None:
         return f"there is no record type {rec['type']!r}"
-    return _fields_problem(rec, specs)
+    why = _fields_problem(rec, specs)
+    if why is None and rec["type"] == "effect":
+        request_specs = EFFECT_REQUESTS.get(rec.get("kind", "http"))
+        if request_specs is not None:
+            why = _fields_problem(rec["request"], request_specs)
+            return None if why is None else f"in 'request': {why}"
+    return why
 
 
 def _fields_problem(obj: dict[str, Any], specs: tuple[Spec, ...]) -> str | None:

@@ -272,10 +272,14 @@ def _fold_fields(tx: Tx, t: str, rec: dict[str, Any]) -> None:
         tx.ended_ms = rec["ts"]
 
 
-def effects_summary(tx: Tx) -> list[dict[str, Any]]:
-    """One line per remote call: what it was and what came of it (and of its compensation)."""
+def effects_summary(tx: Tx, kinds: frozenset[str] = frozenset({"http"})
+                    ) -> list[dict[str, Any]]:
+    """One line per remote call of ``kinds``: what it was and what came of it (and of its
+    compensation)."""
     rows = []
     for eff in tx.effects:
+        if eff.get("kind", "http") not in kinds:
+            continue
         n, req = eff["n"], eff["request"]
         row: dict[str, Any] = {"n": n, "method": req["method"], "url": req["url"],
                                "idempotency_key": eff["key"], "outcome": "not sent"}

@@ -24,8 +24,9 @@ request with the same key, under the same lease. No ``sending`` record means it 
 A crash after the decision needs nothing from this participant: every call was settled before
 the decision.
 
-Staging a call (coordinator/staging.py) goes through ``http_call``, which checks the request and
-its compensation completely before anything is logged, and ``staged_effect``, its record.
+Staging a call (``Staging.stage_effect`` with kind ``http``) asks ``check_effect`` (``http_call``:
+the request and its compensation checked completely before anything is logged), then
+``effect_fields`` (``staged_effect``: the record's fields, a key made up when none is given).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
     from ..core.states import Tx
     from ..fence import Fence
-    from .base import Context
+    from .base import Context, EffectFields
 
     Recorder = Callable[[dict[str, Any], bool], None]  # (result fields, sync)
 
@@ -90,7 +91,7 @@ class ApiParticipant:
 
     def prepare(self, tx: Tx, ctx: Context) -> Vote:
         """Make every staged call (this participant votes after the files)."""
-        if not tx.effects:
+        if not self.calls(tx):
             return YES
         try:
             return self.make_calls(tx, ctx.record)
@@ -105,7 +106,7 @@ class ApiParticipant:
         return Applied()  # nothing is left to do after the decision
 
     def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:
-        if not tx.effects:
+        if not self.calls(tx):
             return {}
         left = self.compensate(tx, ctx.record)
         return {"uncompensated": left} if left else {}
@@ -114,7 +115,30 @@ class ApiParticipant:
         pass  # prepare keeps nothing in memory: the log has every outcome
 
     def describe(self, tx: Tx) -> dict[str, Any]:
-        return {"effects": effects_summary(tx)} if tx.effects else {}
+        return {"effects": effects_summary(tx, self.kinds)} if self.calls(tx) else {}
+
+    def calls(self, tx: Tx) -> list[dict[str, Any]]:
+        """The effects of ``tx`` that are this participant's (another may stage effects)."""
+        return [eff for eff in tx.effects if eff.get("kind", "http") in self.kinds]
+
+    # -- staging (base.py: EffectStager) -----------------------------------------------------
+
+    def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
+        try:
+            request, compensation = http_call(**args)
+        except TypeError as exc:  # an argument http_call does not take
+            raise UsageError(f"an HTTP call takes method, url, body, headers, "
+                             f"idempotency_key and compensate: {exc}") from None
+        return request, compensation, args.get("idempotency_key")
+
+    def effect_fields(self, tid: str, n: int, checked: Any) -> EffectFields:
+        request, compensation, idempotency_key = checked
+        return staged_effect(tid, n, request, compensation, idempotency_key)
+
+    def staged_answer(self, effect: dict[str, Any]) -> dict[str, Any]:
+        request = effect["request"]
+        return {"n": effect["n"], "method": request["method"], "url": request["url"],
+                "idempotency_key": effect["key"], "compensate": effect["compensate"] is not None}
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -153,7 +177,7 @@ class ApiParticipant:
             self.close()  # no connection or store handle outlives the step
 
     def _prepare(self, tx: Tx, record: Recorder) -> Vote:
-        for eff in tx.effects:
+        for eff in self.calls(tx):
             n = eff["n"]
             last = tx.results.get(("effect", n))
             if last is not None and last["outcome"] == DONE:
@@ -265,7 +289,7 @@ class ApiParticipant:
 
     def _compensate(self, tx: Tx, record: Recorder) -> list[int]:
         left: list[int] = []
-        for eff in reversed(tx.effects):
+        for eff in reversed(self.calls(tx)):
             n = eff["n"]
             prior = tx.results.get(("compensate", n))
             if prior is not None and prior["outcome"] in (DONE, SKIPPED):
@@ -383,13 +407,12 @@ def _check_key(key: Any) -> None:
 
 
 def staged_effect(tid: str, n: int, request: dict[str, Any], compensation: dict[str, Any] | None,
-                  idempotency_key: str | None) -> dict[str, Any]:
+                  idempotency_key: str | None) -> EffectFields:
     """The fields of the ``effect`` record that stages the ``n``-th call of ``tid`` (checked
     by ``http_call``); a key is made up when none is given."""
     key = idempotency_key if idempotency_key is not None else (
         f"a2pc-{tid}-{n}-{os.urandom(4).hex()}")
-    return {"n": n, "kind": "http", "request": request, "key": key,
-            "compensate": compensation}
+    return {"request": request, "key": key, "compensate": compensation}
 
 
 def _domain(url: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
 if TYPE_CHECKING:
-    from typing import Any, Iterable, Protocol
+    from typing import Any, Iterable, Protocol, TypedDict
 
     from ..core.states import Tx
 
@@ -80,6 +80,26 @@ if TYPE_CHECKING:
 
         def describe(self, tx: Tx) -> dict[str, Any]:
             """The fields ``status`` shows of ``tx`` for this participant (empty: nothing)."""
+
+    class EffectStager(Participant, Protocol):
+        """A participant whose staged operations are remote effects: ``effect`` records of its
+        kinds, staged by the engine's one step for them (``Staging.stage_effect``), folded
+        into ``Tx.effects`` in staging order, their attempts' outcomes into ``Tx.results``."""
+
+        def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
+            """Check one call's arguments completely (UsageError names what is wrong) before
+            anything is logged; what it returns goes to ``effect_fields``."""
+
+        def effect_fields(self, tid: str, n: int, checked: Any) -> EffectFields:
+            """The ``effect`` record's fields for the ``n``-th effect of ``tid``."""
+
+        def staged_answer(self, effect: dict[str, Any]) -> dict[str, Any]:
+            """What staging the effect answers (the record as logged)."""
+
+    class EffectFields(TypedDict):
+        request: dict[str, Any]  # what to do (the API participant: method, url, headers, body)
+        key: str  # the idempotency key: the fence's and the remote side's
+        compensate: dict[str, Any] | None  # what undoes it after an abort, if anything
 
 
 class Vote:

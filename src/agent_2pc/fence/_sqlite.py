@@ -47,9 +47,8 @@ from ._store import (
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, NoReturn
 
-if TYPE_CHECKING:
     from ._ledger import Txn
 
 SCHEMA_VERSION = 1
@@ -183,37 +182,56 @@ class SqliteStore(Store):
         return conn
 
     def _ensure_schema(self, conn: sqlite3.Connection) -> None:
-        try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
-                return
-            if self.read_only:
-                raise WorkspaceError(f"the fence store {self.path} has no schema this "
-                                     "agent-2pc knows", code="store_unavailable")
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("BEGIN IMMEDIATE")
+        """Make the schema once, whoever comes first. Processes that open a new store at once
+        race for it, and SQLite answers some of them "locked" without waiting (switching the
+        journal to WAL takes the database exclusively, and a lock upgrade that could deadlock
+        is refused at once, not waited for): those try again until the busy timeout."""
+        deadline = time.monotonic() + self.busy_timeout_s
+        pause_s = 0.005
+        while True:
             try:
-                version = conn.execute("PRAGMA user_version").fetchone()[0]
-                if version not in (0, SCHEMA_VERSION):
-                    raise WorkspaceError(f"the fence store {self.path} has schema version "
-                                         f"{version}; this agent-2pc knows {SCHEMA_VERSION}",
-                                         code="store_unavailable")
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        conn.execute(stmt)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except sqlite3.Error as exc:
-            self.close()
-            if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
-                raise Busy(f"the fence store {self.path} stayed locked for "
-                           f"{self.busy_timeout_s:g} s") from exc
-            raise WorkspaceError(f"cannot use the fence store {self.path}: {exc}",
-                                 code="store_unavailable") from exc
+                self._ensure_schema_once(conn)
+                return
+            except sqlite3.OperationalError as exc:
+                if not _busy(exc) or time.monotonic() + pause_s > deadline:
+                    self._refuse(exc)
+                time.sleep(pause_s)
+                pause_s = min(pause_s * 2, 0.1)
+            except sqlite3.Error as exc:
+                self._refuse(exc)
+
+    def _refuse(self, exc: sqlite3.Error) -> NoReturn:
+        self.close()
+        if isinstance(exc, sqlite3.OperationalError) and _busy(exc):
+            raise Busy(f"the fence store {self.path} stayed locked for "
+                       f"{self.busy_timeout_s:g} s") from exc
+        raise WorkspaceError(f"cannot use the fence store {self.path}: {exc}",
+                             code="store_unavailable") from exc
+
+    def _ensure_schema_once(self, conn: sqlite3.Connection) -> None:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+            return
+        if self.read_only:
+            raise WorkspaceError(f"the fence store {self.path} has no schema this "
+                                 "agent-2pc knows", code="store_unavailable")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version not in (0, SCHEMA_VERSION):
+                raise WorkspaceError(f"the fence store {self.path} has schema version "
+                                     f"{version}; this agent-2pc knows {SCHEMA_VERSION}",
+                                     code="store_unavailable")
+            for stmt in _SCHEMA.split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     # -- the contract ---------------------------------------------------------------------------
 

@@ -151,10 +151,13 @@ def test_racing_processes_execute_effect_exactly_once(shared_store_url: str, eff
             assert p.returncode == 0, err
             outs.append(json.loads(out))
     finally:
-        for p in procs:
+        for p in procs:  # a worker that failed early leaves its pipes open otherwise
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+            for stream in (p.stdout, p.stderr):
+                if stream is not None:
+                    stream.close()
+            p.wait()
     assert effect.count == 1
     assert sum(o["fresh"] for o in outs) == 1
     results = [o["result"] for o in outs if o["fresh"] == 0]

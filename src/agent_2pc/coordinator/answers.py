@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..core.states import COMMITTED, Tx, effects_summary, iso_ms
 from ..errors import BadState
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

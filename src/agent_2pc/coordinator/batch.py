@@ -33,7 +33,7 @@ from .runs import _command as check_command
 from .staging import check_mode
 from .twophase import TIMEOUT_MS_MAX
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

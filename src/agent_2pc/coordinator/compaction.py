@@ -10,7 +10,7 @@ from ..core.states import FINISHED
 from ..storage.pids import pid_alive
 from ..storage.scratch import discard, sweep_in_background
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -37,7 +37,7 @@ from .twophase import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from .twophase import TIMEOUT_MS_MAX as TIMEOUT_MS_MAX
 from .twophase import TwoPhase
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

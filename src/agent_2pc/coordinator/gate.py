@@ -14,7 +14,7 @@ from ..core.states import ACTIVE, FINISHED, IN_FLIGHT, Tx
 from ..errors import TransactionAborted, UnknownTid
 from .answers import refuse_inactive
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

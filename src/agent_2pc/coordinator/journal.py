@@ -23,7 +23,7 @@ from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log, PausedGc
 from ..storage.workspace import log_check
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, Iterator

@@ -57,7 +57,7 @@ from ..storage import wal_format
 from ..storage.log import HEADER_READ_BYTES as LOG_HEADER_READ_BYTES
 from ..storage.workspace import Layout, is_workspace
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -15,7 +15,7 @@ from ..core.states import COMMITTED, FINISHED, Tx
 from ..errors import ApplyIncomplete
 from ..participants.base import ApplyFailed
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

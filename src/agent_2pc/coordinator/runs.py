@@ -38,7 +38,7 @@ from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import sha256_bytes
 from .paths import FORBIDDEN_ANY, FORBIDDEN_TOP, resolve, resolve_dir
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

@@ -26,7 +26,7 @@ from ..storage.blobs import BlobCorrupt, BlobStore, Pending
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 from .paths import path_error, resolve
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, Callable

@@ -17,7 +17,7 @@ from ..participants.base import YES, ApplyFailed, Vote
 from ..storage.scratch import discard
 from .journal import tid_of_new_transaction
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

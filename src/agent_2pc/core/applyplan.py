@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from .states import DIR_FINGERPRINT
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import NoReturn
 

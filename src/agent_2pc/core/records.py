@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any, Literal, NotRequired, TypedDict, Union

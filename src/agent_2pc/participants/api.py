@@ -39,7 +39,7 @@ from ..core.states import effects_summary
 from ..errors import Agent2PCError, FenceRefusal, UsageError
 from .base import YES, Applied, Vote
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

@@ -22,7 +22,7 @@ participant", says what each method must guarantee.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Iterable, Protocol, TypedDict
 

@@ -46,7 +46,7 @@ from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 from .base import YES, Applied, ApplyFailed, Vote
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Callable
 

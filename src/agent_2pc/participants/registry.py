@@ -8,7 +8,7 @@ made.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are lazy
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..storage.blobs import BlobStore
     from ..storage.workspace import Layout

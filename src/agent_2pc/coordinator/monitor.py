@@ -22,7 +22,7 @@ at the place named):
   R3 liveness      the byte of .agent-tx/txlocks that Journal.tx_lock takes          (_holder)
   R4 staleness     core.recovery.stale_active and engine.boot_id                    (_row)
   R5 history       .agent-tx/history.jsonl lines, as engine.summary writes them     (_History)
-  R6 the diff      Staging._diff_op and _too_big_to_diff, on a read-only subclass   (diff)
+  R6 the diff      Staging.diff_of, on a read-only subclass (its _blob reads only)   (diff)
   R7 the fence     fence SqliteStore, read-only, on .agent-tx/fence.db              (_fence)
   R8 scratch       .agent-tx/tx/<tid>/: view-* directories while a run is going     (_runs)
   R9 checks        coordinator.runs.fingerprint: a check's staged content is stale  (_checks)
@@ -817,13 +817,7 @@ class Monitor:
         texts: list[str] = []
         for op in found.changes():
             try:
-                big = look._too_big_to_diff(op)
-                if big is not None:
-                    files.append(big)
-                    texts.append(f"Large file {op.path}: {big['status']} "
-                                 f"({big['old_bytes']} -> {big['new_bytes']} bytes)\n")
-                    continue
-                for row, text in look._diff_op(found, op, diff_file):
+                for row, text in look.diff_of(found, op, diff_file):
                     files.append(row)
                     texts.append(text)
             except (BlobCorrupt, Agent2PCError, OSError) as exc:

@@ -451,18 +451,22 @@ class Staging:
             files = []
             texts = []
             for op in tx.changes():
-                big = self._too_big_to_diff(op)
-                if big is not None:
-                    files.append(big)
-                    texts.append(f"Large file {op.path}: {big['status']} "
-                                 f"({big['old_bytes']} -> {big['new_bytes']} bytes)\n")
-                    continue
-                for row, text in self._diff_op(tx, op, diff_file):
+                for row, text in self.diff_of(tx, op, diff_file):
                     files.append(row)
                     texts.append(text)
         if stat_only:
             return {"files": files, "diff": stat_text(files)}
         return {"files": files, "diff": "".join(texts)}
+
+    def diff_of(self, tx: Tx, op: Op, diff_file: Callable[..., Any]
+                ) -> list[tuple[dict[str, Any], str]]:
+        """The rows and text of one staged change's diff (a file too big to diff: a summary
+        by size). Read-only: the monitor shows a diff with it too."""
+        big = self._too_big_to_diff(op)
+        if big is not None:
+            return [(big, f"Large file {op.path}: {big['status']} "
+                          f"({big['old_bytes']} -> {big['new_bytes']} bytes)\n")]
+        return list(self._diff_op(tx, op, diff_file))
 
     def _diff_op(self, tx: Tx, op: Op, diff_file: Callable[..., Any]
                  ) -> list[tuple[dict[str, Any], str]]:

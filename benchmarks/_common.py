@@ -390,3 +390,23 @@ class OsCallCounter:
                for k, v in sorted(self.seconds.items(), key=lambda kv: -kv[1])}
         out["total"] = round(sum(self.seconds.values()) / n * 1000, 4)
         return out
+
+
+def time_run(argv: list[str], env: dict) -> float:
+    """Wall time of one child process run to its end (its failure stops the benchmark)."""
+    import subprocess
+
+    t = now()
+    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    dt = now() - t
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
+    return dt
+
+
+def wall_summary(samples: list[float]) -> dict:
+    """n, median, p90, min and max of wall times in seconds, in milliseconds."""
+    s = sorted(samples)
+    return {"n": len(s), "median_ms": r3(statistics.median(s) * 1000),
+            "p90_ms": r3(pct(s, 0.9) * 1000), "min_ms": r3(s[0] * 1000),
+            "max_ms": r3(s[-1] * 1000)}

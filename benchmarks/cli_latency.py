@@ -65,22 +65,6 @@ def build_workspace(root: str, history: int, files: int = 100) -> dict:
     return {"tid": tid, "info": info}
 
 
-def time_run(argv: list[str], env: dict) -> float:
-    t = C.now()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dt = C.now() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    return dt
-
-
-def summary(samples: list[float]) -> dict:
-    s = sorted(samples)
-    return {"n": len(s), "median_ms": C.r3(statistics.median(s) * 1000),
-            "p90_ms": C.r3(C.pct(s, 0.9) * 1000), "min_ms": C.r3(s[0] * 1000),
-            "max_ms": C.r3(s[-1] * 1000)}
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=50, help="timed runs per command")
@@ -123,13 +107,13 @@ def main() -> int:
         }
         names = list(commands)
         for name in names:  # once untimed: .pyc written, page cache warm
-            time_run(commands[name](-1), env)
+            C.time_run(commands[name](-1), env)
         samples: dict[str, list[float]] = {k: [] for k in names}
         C.log(f"cli_latency: {args.runs} runs of each of {', '.join(names)}, interleaved")
         for n in range(args.runs):
             k = n % len(names)
             for name in names[k:] + names[:k]:
-                samples[name].append(time_run(commands[name](n), env))
+                samples[name].append(C.time_run(commands[name](n), env))
         imports = []
         probe = ("import time; t = time.perf_counter(); import agent_2pc.cli.main, "
                  "agent_2pc.cli.commands, agent_2pc.coordinator.client; "
@@ -146,7 +130,7 @@ def main() -> int:
         "module": "python -m agent_2pc --root EMPTY stage-write ...",
         "history": f"agent-2pc --root HIST stage-write ... ({args.history} finished tx)",
         "baseline": "python -c pass"}
-    result["wall"] = {k: summary(v) for k, v in samples.items()}
+    result["wall"] = {k: C.wall_summary(v) for k, v in samples.items()}
     result["import_agent_2pc_cli_ms_median"] = C.r3(statistics.median(imports) * 1000)
     med = {k: result["wall"][k]["median_ms"] for k in names}
     result["ratios"] = {

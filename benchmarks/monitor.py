@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -64,22 +63,6 @@ def build(root: str, finished: int, live: int) -> dict:
     return info
 
 
-def time_run(argv: list[str], env: dict) -> float:
-    t = C.now()
-    proc = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    dt = C.now() - t
-    if proc.returncode != 0:
-        raise SystemExit(f"{argv} failed ({proc.returncode}): {proc.stderr.decode()[-2000:]}")
-    return dt
-
-
-def summary(samples: list[float]) -> dict:
-    s = sorted(samples)
-    return {"n": len(s), "median_ms": C.r3(statistics.median(s) * 1000),
-            "p90_ms": C.r3(C.pct(s, 0.9) * 1000), "min_ms": C.r3(s[0] * 1000),
-            "max_ms": C.r3(s[-1] * 1000)}
-
-
 def monitor_json(python: str, console: str, env: dict, empty: str, loaded: str,
                  runs: int) -> dict:
     commands = {
@@ -89,13 +72,13 @@ def monitor_json(python: str, console: str, env: dict, empty: str, loaded: str,
     }
     names = list(commands)
     for name in names:
-        time_run(commands[name], env)  # untimed: .pyc written, page cache warm
+        C.time_run(commands[name], env)  # untimed: .pyc written, page cache warm
     samples: dict[str, list[float]] = {k: [] for k in names}
     for n in range(runs):
         k = n % len(names)
         for name in names[k:] + names[:k]:
-            samples[name].append(time_run(commands[name], env))
-    wall = {k: summary(v) for k, v in samples.items()}
+            samples[name].append(C.time_run(commands[name], env))
+    wall = {k: C.wall_summary(v) for k, v in samples.items()}
     ratio = C.ratio(wall["loaded"]["median_ms"], wall["empty"]["median_ms"])
     return {"commands": {k: " ".join(os.path.basename(a) if i == 0 else a for i, a in
                                      enumerate(v)) for k, v in commands.items()},

@@ -298,3 +298,20 @@ def test_a_server_started_before_init_serves_once_the_workspace_exists(tmp_path:
         structured(await c.call_tool("agent_2pc_status", {}))
 
     session(server_params(bare), body)
+
+
+def test_a_disk_that_refuses_is_an_io_error_result_and_the_server_keeps_serving(
+        root: str) -> None:
+    # The disk fills up while a blob is written (an injected ENOSPC at its write): the tool
+    # answers io_error with the errno, as the CLI does, not an internal error; nothing staged.
+    async def body(c: Any) -> None:
+        tid = ok(await c.call_tool("agent_2pc_begin", {}))["tid"]
+        res = error(await c.call_tool("agent_2pc_stage_write", {
+            "tid": tid, "path": "big.txt", "content": "x" * 100_000}), "io_error")
+        assert res["error"]["errno"] == "ENOSPC"
+        status = ok(await c.call_tool("agent_2pc_status", {"tid": tid}))
+        assert status["transactions"][0]["files"] == []
+        ok(await c.call_tool("agent_2pc_abort", {"tid": tid}))
+
+    session(server_params(root, extra_env={"AGENT2PC_FAULT_AT": "blobs.write:write=ENOSPC"}),
+            body)

@@ -27,7 +27,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError
 
 from .. import __version__
-from ..errors import Agent2PCError, UsageError
+from ..errors import Agent2PCError, IoFailed, UsageError
 from . import _results
 from ._schema import input_schema, output_schema
 from ._stdio import server_streams
@@ -98,6 +98,8 @@ class App:
             result = await self.run(spec, args)
         except Agent2PCError as err:
             return _results.error(err)
+        except OSError as exc:  # a disk that refuses (EIO, ENOSPC): io_error, as the CLI says
+            return _results.error(IoFailed.from_os_error(exc))
         except Exception as exc:  # a bug or the host failing: report it, keep serving
             log(f"{name} failed:\n{traceback.format_exc()}")
             return _results.internal(exc)

@@ -134,6 +134,19 @@ def test_hook_check_text_lists_the_transactions_on_stderr_and_exits_1(
     assert tid in err and "lbl" in err and "src/app.py" in err and "[in_flight]" in err
 
 
+def test_hook_check_refuses_to_guess_on_a_log_damaged_before_its_tail(
+        repo: str, home: str) -> None:
+    tid = live_transaction(repo, label="first")
+    live_transaction(repo, label="second")
+    wal = Path(repo, ".agent-tx", "wal.bin")
+    data = bytearray(wal.read_bytes())
+    at = data.index(tid.encode()) + len(tid) - 1
+    data[at] ^= 0x01  # the first transaction's begin record fails its CRC; good ones follow
+    wal.write_bytes(bytes(data))
+    status, out = cli(repo, home, "hook", "check")
+    assert status == 2 and out["error"]["code"] == "corrupt_wal", out
+
+
 # -- chaining ---------------------------------------------------------------------------------
 
 
@@ -276,6 +289,16 @@ def test_hook_check_outside_a_workspace_says_so_and_missing_ok_passes(
     assert "--missing-ok" in out["error"]["message"]
     status, out = cli(bare_repo, home, "hook", "check", "--missing-ok")
     assert (status, out) == (0, {"ok": True, "in_flight": [], "workspace": None})
+
+
+def test_missing_ok_does_not_pass_inside_a_staged_view_which_hides_the_workspace(
+        tmp_path: Path, home: str) -> None:
+    plain = make_repo(tmp_path / "plain", home, workspace=False)
+    proc = run_cli(("hook", "check", "--missing-ok"), json_out=True, cwd=plain,
+                   env={"HOME": home, "AGENT2PC_VIEW": "/tmp/view-x"})
+    out = parse_one_object(proc)
+    assert proc.returncode == 2 and out["error"]["code"] == "not_initialized"
+    assert "staged view" in out["error"]["message"]
 
 
 def test_not_a_git_repository_and_a_bare_one_are_usage_errors(tmp_path: Path, home: str

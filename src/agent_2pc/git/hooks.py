@@ -19,7 +19,7 @@ import os
 import stat
 import sys
 
-from ..errors import InFlight, IoFailed, NotInitialized, UsageError
+from ..errors import CorruptWal, InFlight, IoFailed, NotInitialized, UsageError
 from ..storage.durable import fsync_dir, fsync_fd, rename, write_all
 
 TYPE_CHECKING = False
@@ -248,11 +248,18 @@ def uninstall(start: str) -> dict[str, Any]:
 
 def in_flight(root: str) -> list[dict[str, Any]]:
     """The live transactions of the workspace at ``root``: ``[{tid, label, state, age_s,
-    files}]``, oldest first."""
+    files}]``, oldest first (``files``: the first 50 paths). A log damaged before its tail
+    (not a torn tail, which is an append cut short) is CorruptWal: what follows is unknown."""
     from ..coordinator.monitor import Monitor
 
     with Monitor(root) as mon:
-        rows = mon.snapshot(recent=0)["in_flight"]
+        snap = mon.snapshot(recent=0)
+    damage = snap["wal"]["damage"]
+    if damage and not damage.get("torn"):  # what comes after it cannot be read: refuse
+        raise CorruptWal(f"the log of {root} is damaged at offset {damage['offset']} "
+                         f"({damage.get('reason')}): the transactions after it cannot be "
+                         "told; 'agent-2pc recover' says more", offset=damage["offset"])
+    rows = snap["in_flight"]
     return [{k: r[k] for k in ("tid", "label", "state", "age_s", "files")} for r in rows]
 
 
@@ -283,12 +290,18 @@ def check(root_arg: str | None, missing_ok: bool = False) -> dict[str, Any]:
     The workspace is ``root_arg``, else $AGENT2PC_ROOT, else the nearest at or above the working
     directory. None there: not_initialized, or with ``missing_ok`` a pass with
     ``workspace: null`` (what the installed hook asks: a clone or a worktree without
-    .agent-tx/ has nothing in flight)."""
+    .agent-tx/ has nothing in flight), except inside a staged view, which hides it."""
     from ..storage.workspace import find_root
 
     try:
         root = find_root(root_arg or os.environ.get("AGENT2PC_ROOT") or None)
     except NotInitialized as exc:
+        view = os.environ.get("AGENT2PC_VIEW")
+        if view:  # a staged view hides .agent-tx/: its absence there proves nothing
+            raise NotInitialized(f"{exc.message}: inside a staged view ({view}) the workspace "
+                                 "is hidden, so whether transactions are in flight cannot be "
+                                 "told; commit from outside the view",
+                                 root=exc.details.get("root")) from None
         if not missing_ok:
             raise NotInitialized(f"{exc.message}: 'hook check' has no transactions to look at "
                                  "(with `missing_ok` it passes instead)",

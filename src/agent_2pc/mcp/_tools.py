@@ -418,7 +418,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         "in_flight: the live ones are listed in in_flight: [{tid, label, state, age_s, files}]; "
         "commit or abort yours (agent_2pc_commit / agent_2pc_abort), and leave other agents' "
         "alone (wait for them). Read-only. Errors: not_initialized (no workspace; missing_ok: "
-        "true passes instead).",
+        "true passes instead), corrupt_wal (the log is damaged: ask the user).",
         m.HookCheckIn, (m.HookCheckOut,),
         lambda rt, a: _hook_check(rt, a),
         READ_ONLY, uses_engine=False),

@@ -31,6 +31,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- CheckFailed                   verification_failed | command_failed | timeout |
     |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
+    |   |-- InFlight                      in_flight        (hook check: transactions are live)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
     `-- UnknownOutcome      (something may have happened: hold the fence)            1
@@ -221,6 +222,13 @@ class CheckFailed(Refusal):
 
 class Busy(Refusal):
     code = "busy"
+
+
+class InFlight(Refusal):
+    """``hook check`` found live transactions; ``details["result"]`` is ``{in_flight: [...]}``
+    (the JSON answer carries it beside the error)."""
+
+    code = "in_flight"
 
 
 class FenceRefusal(Refusal):

@@ -10,6 +10,7 @@ import os
 from ..errors import UsageError
 from .args import FLAG, MULTI, Command, Opt, int_arg
 from .fence import FENCE
+from .hook import HOOK
 from .mcp import MCP
 
 TYPE_CHECKING = False
@@ -446,5 +447,6 @@ COMMANDS: tuple[Command, ...] = (
     Command("demo", "a one-minute tour in a throwaway git repository", run_demo, (
         Opt("--keep", FLAG, help="keep the demo repository and print where it is"),)),
     FENCE,
+    HOOK,
     MCP,
 )

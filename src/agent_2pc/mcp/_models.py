@@ -237,6 +237,12 @@ class FenceStatusIn(In):
                               description="Intents listed per state (default 100).")
 
 
+class HookCheckIn(In):
+    missing_ok: bool = Field(False, description=(
+        "Pass (workspace: null) when there is no agent-2pc workspace, instead of the "
+        "not_initialized error."))
+
+
 # -- outputs: transactions ---------------------------------------------------------------------
 
 
@@ -323,6 +329,20 @@ class HealthOut(Out):
         "fenced_intents, fence_unreadable."))
     in_flight: int
     stuck: int
+
+
+class InFlightRow(Out):
+    tid: str
+    label: str | None
+    state: Literal["active", "preparing", "prepared", "committing", "aborting"]
+    age_s: float = Field(description="Seconds since the transaction began.")
+    files: list[str] = Field(description="The paths it stages (the first 50).")
+
+
+class HookCheckOut(Out):
+    in_flight: list[InFlightRow] = Field(description="Empty on success.")
+    workspace: str | None = Field(description="The workspace checked (null: none, with "
+                                              "missing_ok).")
 
 
 class StatusOut(Out):

@@ -229,6 +229,12 @@ def _status(rt: Runtime, a: m.StatusIn) -> dict[str, Any]:
     return out
 
 
+def _hook_check(rt: Runtime, a: m.HookCheckIn) -> dict[str, Any]:
+    from ..git.hooks import check
+
+    return check(rt.root_arg, missing_ok=a.missing_ok)
+
+
 def _fence_status(rt: Runtime, a: m.FenceStatusIn) -> dict[str, Any]:
     fence = rt.fence()
     if a.intent is not None:
@@ -404,6 +410,18 @@ TOOLS: tuple[ToolSpec, ...] = (
         m.EmptyIn, (m.CompactOut,),
         lambda rt, a: rt.client().compact(),
         ann(idempotent=True)),
+    ToolSpec(
+        "agent_2pc_hook_check", "Check that no transaction is in flight",
+        "The pre-commit gate's question, for a git commit or a CI step: are transactions of "
+        "this workspace still live (active, preparing, committing, aborting)? Call it before "
+        "you run `git commit`. Returns {in_flight: [], workspace} when none is. ok:false "
+        "in_flight: the live ones are listed in in_flight: [{tid, label, state, age_s, files}]; "
+        "commit or abort yours (agent_2pc_commit / agent_2pc_abort), and leave other agents' "
+        "alone (wait for them). Read-only. Errors: not_initialized (no workspace; missing_ok: "
+        "true passes instead), corrupt_wal (the log is damaged: ask the user).",
+        m.HookCheckIn, (m.HookCheckOut,),
+        lambda rt, a: _hook_check(rt, a),
+        READ_ONLY, uses_engine=False),
     ToolSpec(
         "fence_prepare", "Ask to run an effect exactly once",
         "Before a side effect that must happen once (a payment, an e-mail, a POST), ask the "

@@ -29,6 +29,10 @@ POINTS: dict[str, str] = {
     "api.before_send": "an HTTP call's lease is held and logged; the request is not sent",
     "api.after_send": "an HTTP call was answered; the answer is not recorded anywhere",
     "api.after_record": "a result record of an HTTP call (or its compensation) is logged",
+    "git.after_objects": "a git commit's objects are written (the vote not returned yet); no "
+    "ref moved",
+    "git.after_ref": "the branch is at the new commit (after the files); the user's index is "
+    "not updated yet",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
 }

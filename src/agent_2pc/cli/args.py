@@ -23,11 +23,13 @@ VALUE, FLAG, MULTI = "value", "flag", "multi"
 class Opt:
     """An option: ``--flag`` with a value (VALUE), without one (FLAG), or repeatable (MULTI)."""
 
-    __slots__ = ("flag", "kind", "required", "help", "metavar", "type", "dest")
+    __slots__ = ("flag", "kind", "required", "help", "metavar", "type", "dest", "short")
 
     def __init__(self, flag: str, kind: str = VALUE, required: bool = False, help: str = "",
-                 metavar: str = "", type: Callable[[str], Any] | None = None) -> None:
+                 metavar: str = "", type: Callable[[str], Any] | None = None,
+                 short: str | None = None) -> None:
         self.flag = flag
+        self.short = short  # a one-letter alias, "-m" (git's habit for a few options)
         self.kind = kind
         self.required = required
         self.help = help
@@ -106,7 +108,7 @@ def parse(argv: list[str], commands: tuple[Command, ...], prog: str = "agent-2pc
         if tok in ("-h", "--help"):
             want_help = True
             continue
-        if tok.startswith("--"):
+        if tok.startswith("--") or (tok.startswith("-") and tok in opts):
             flag, eq, inline = tok.partition("=")
             opt = opts.get(flag)
             if opt is None:
@@ -139,7 +141,7 @@ def parse(argv: list[str], commands: tuple[Command, ...], prog: str = "agent-2pc
             path.append(cmd)
             table = {c.name: c for c in cmd.subcommands}
             opts = {o.flag: o for o in GLOBAL_OPTS}
-            opts.update({o.flag: o for o in cmd.opts})
+            opts.update({k: o for o in cmd.opts for k in (o.flag, o.short) if k})
             continue
         positional.append(tok)
 

@@ -214,6 +214,18 @@ def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.tx(args).commit()
 
 
+def run_git_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.tx(args).git_commit(args["message"], author=args["author"],
+                                   branch=args["branch"])
+
+
+def text_git_commit(r: dict[str, Any]) -> str:
+    out = text_outcome(r)
+    if r.get("commit"):
+        out += f"\n[{r['branch']} {r['commit'][:12]}]"
+    return out
+
+
 def run_abort(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.tx(args).abort(args["reason"])
 
@@ -433,6 +445,15 @@ COMMANDS: tuple[Command, ...] = (
         extra={"text": lambda r: f"rolled back to {r['name']}"}),
     Command("commit", "prepare and commit atomically (exit 1 if it aborts)", run_commit,
             (TID,), extra={"text": text_outcome}),
+    Command("git-commit", "commit, and a git commit of exactly the transaction's changes, as "
+            "one atomic unit", run_git_commit, (
+                TID, Opt("--message", required=True, metavar="MSG", short="-m",
+                         help="the commit message (-m MSG)"),
+                Opt("--author", metavar="\"N <E>\"", help="the commit's author "
+                    "(default: git's user.name and user.email)"),
+                Opt("--branch", metavar="B", help="the branch to commit onto (default: the "
+                    "one HEAD is on)")),
+            extra={"text": text_git_commit}),
     Command("abort", "abort: nothing staged reaches the tree", run_abort, (
         TID, Opt("--reason", metavar="S", help="why (kept in the history)")),
         extra={"text": text_outcome}),

@@ -15,8 +15,9 @@ def result(tx: Tx | dict[str, Any]) -> dict[str, Any]:
     """The answer of commit (abort drops ``files``): a live transaction, or a history entry."""
     if isinstance(tx, dict):
         out = {"tid": tx["tid"], "state": tx["state"], "files": tx.get("files", [])}
-        if tx.get("diverged"):
-            out["diverged"] = tx["diverged"]
+        for key in ("diverged", "commit", "branch"):
+            if tx.get(key):
+                out[key] = tx[key]
         return out
     out = {"tid": tx.tid, "state": tx.state, "files": tx.files}
     out.update(outcome_details(tx))
@@ -65,8 +66,13 @@ def outcome_details(tx: Tx) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if tx.diverged:
         out["diverged"] = tx.diverged
-    if tx.effects:
-        out["effects"] = effects_summary(tx)
+    calls = effects_summary(tx) if tx.effects else []
+    if calls:
+        out["effects"] = calls
+    git = tx.decision_fields.get("git") if tx.state == COMMITTED else None
+    if git:  # the git participant's commit (participants/git.py)
+        out["commit"] = git["new"]
+        out["branch"] = git["ref"].removeprefix("refs/heads/")
     if tx.uncompensated:
         out["uncompensated"] = tx.uncompensated
     return out

@@ -109,6 +109,7 @@ if TYPE_CHECKING:
         modes: NotRequired[dict[str, int]]
         inline: NotRequired[dict[str, str]]
         placed: NotRequired[dict[str, str]]
+        git: NotRequired[dict[str, str]]
 
     class EndRecord(_Common):
         type: Literal["end"]
@@ -151,6 +152,9 @@ _REQUEST: tuple[Spec, ...] = (("method", _S, True, None), ("url", _S, True, None
 # An effect's request, by the effect's kind (a record without a kind is an HTTP call: logs
 # before participants could stage effects of their own kinds).
 EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {"http": _REQUEST}
+# What a commit decision carries for the git participant's redo (participants/git.py).
+_GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),
+                                  ("new", _S, True, None), ("prefix", _S, True, None))
 # kind -> the specs of its fields besides type, tid and ts (which every record has).
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
@@ -177,7 +181,8 @@ SHAPES: dict[str, tuple[Spec, ...]] = {
     "prepare": (("pid", _I, False, None),),
     "decision": (("outcome", _S, True, None), ("code", _S_N, False, None),
                  ("reason", _S_N, False, None), ("modes", _D, False, None),
-                 ("inline", _D, False, None), ("placed", _D, False, None)),
+                 ("inline", _D, False, None), ("placed", _D, False, None),
+                 ("git", _D, False, _GIT_DECIDED)),
     "end": (("state", _S, True, None), ("files", _L, False, str),
             ("diverged", _L, False, str), ("uncompensated", _L, False, int)),
 }

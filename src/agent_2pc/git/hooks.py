@@ -21,6 +21,8 @@ import sys
 
 from ..errors import CorruptWal, InFlight, IoFailed, NotInitialized, UsageError
 from ..storage.durable import fsync_dir, fsync_fd, rename, write_all
+from .run import LOCAL_ENV_VARS as LOCAL_ENV_VARS
+from .run import git_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -61,25 +63,6 @@ exit 0
 # -- git ---------------------------------------------------------------------------------------
 
 
-# What git itself clears before it works in another repository (``git rev-parse
-# --local-env-vars``): a caller's GIT_DIR or GIT_INDEX_FILE must not redirect us. The user's
-# global configuration (HOME, GIT_CONFIG_GLOBAL) stays: core.hooksPath may be set there.
-LOCAL_ENV_VARS = frozenset((
-    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_CONFIG", "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT",
-    "GIT_OBJECT_DIRECTORY", "GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE",
-    "GIT_GRAFT_FILE", "GIT_INDEX_FILE", "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE",
-    "GIT_PREFIX", "GIT_INTERNAL_SUPER_PREFIX", "GIT_SHALLOW_FILE", "GIT_COMMON_DIR"))
-
-
-def _git_env() -> dict[str, str]:
-    """The caller's environment without LOCAL_ENV_VARS, git's messages in English."""
-    env = {k: v for k, v in os.environ.items()
-           if k not in LOCAL_ENV_VARS and not k.startswith("GIT_CONFIG_KEY_")
-           and not k.startswith("GIT_CONFIG_VALUE_")}
-    env["LC_ALL"] = "C"
-    return env
-
-
 def hooks_dir(start: str) -> str:
     """The directory git runs the hooks of the repository at ``start`` from (absolute)."""
     import subprocess
@@ -89,7 +72,7 @@ def hooks_dir(start: str) -> str:
     try:
         proc = subprocess.run(
             ["git", "rev-parse", "--is-bare-repository", "--git-path", "hooks"], cwd=start,
-            env=_git_env(), stdin=subprocess.DEVNULL, capture_output=True,
+            env=git_env(), stdin=subprocess.DEVNULL, capture_output=True,
             timeout=GIT_TIMEOUT_S, check=False)
     except FileNotFoundError:
         raise UsageError("git is not installed (or not on PATH)") from None

@@ -243,6 +243,16 @@ class HookCheckIn(In):
         "not_initialized error."))
 
 
+class GitCommitIn(In):
+    tid: Tid
+    message: str = Field(min_length=1, max_length=1 << 20, description=(
+        "The git commit message (its first line is the subject)."))
+    author: str | None = Field(None, max_length=1024, description=(
+        "The commit's author as \"Name <email>\"; default: git's user.name and user.email."))
+    branch: str | None = Field(None, max_length=1024, description=(
+        "The branch to commit onto; default: the branch HEAD is on."))
+
+
 # -- outputs: transactions ---------------------------------------------------------------------
 
 
@@ -357,6 +367,13 @@ class CommitOut(Out):
     diverged: list[str] | None = None
     effects: list[dict[str, Any]] | None = None
     uncompensated: list[int] | None = None
+    commit: str | None = Field(None, description="The git commit made with it (git-commit).")
+    branch: str | None = Field(None, description="The branch that commit is on (git-commit).")
+
+
+class GitCommitOut(CommitOut):
+    commit: str = Field(description="The id of the git commit holding exactly its changes.")
+    branch: str = Field(description="The branch now at that commit.")
 
 
 class AbortOut(Out):

@@ -395,6 +395,21 @@ TOOLS: tuple[ToolSpec, ...] = (
         lambda rt, a: rt.tx(a.tid).commit(),
         ann(destructive=True, idempotent=True, open_world=True)),
     ToolSpec(
+        "agent_2pc_git_commit", "Commit the transaction and a git commit of it",
+        "Like agent_2pc_commit, and in the same atomic step a git commit holding exactly the "
+        "transaction's changes, on top of the branch's current commit (branch: default the one "
+        "HEAD is on), with your message and author (\"Name <email>\"; default git's). The "
+        "user's other staged or modified files are neither committed nor lost. Returns {tid, "
+        "state: \"committed\", files, commit, branch}. Use it instead of running `git add` "
+        "and `git commit` yourself. A no is ok:false with state \"aborted\", as "
+        "agent_2pc_commit (conflict: a file or the branch changed meanwhile). Errors: usage "
+        "(detached HEAD: give branch; an unborn or missing branch; not a git work tree; the "
+        "index is locked by a running git; git has no user.name/user.email: ask the user to "
+        "set them), bad_state, unknown_tid.",
+        m.GitCommitIn, (m.GitCommitOut,),
+        lambda rt, a: rt.tx(a.tid).git_commit(a.message, author=a.author, branch=a.branch),
+        ann(destructive=True)),
+    ToolSpec(
         "agent_2pc_abort", "Abort the transaction",
         "Abort: nothing staged reaches the tree. Use it when the task fails or you give up. "
         "Returns {tid, state: \"aborted\"}; aborting again answers the same. Errors: bad_state "

@@ -3,7 +3,7 @@
 Adding a participant: one module in this package that implements ``base.Participant``, and
 one line below (docs/design.md, "Adding a participant"). The order is the order of the votes
 and of the applies: the files go first, so that a conflict aborts before any remote call is
-made.
+made. The git participant goes between them: its prepare writes only objects no ref names.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ def participants_for(layout: Layout, blobs: BlobStore) -> list[Participant]:
     """A new list of the workspace's participants (one engine holds one)."""
     from .api import ApiParticipant
     from .fs import FileParticipant
+    from .git import GitParticipant
 
     participants: list[Participant] = [
         FileParticipant(layout.root, blobs),
+        GitParticipant(layout.root, layout.tx_dir, blobs),
         ApiParticipant.in_workspace(layout.dir),
     ]
     owned = [kind for p in participants for kind in p.kinds]

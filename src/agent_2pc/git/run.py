@@ -1,0 +1,68 @@
+"""Running git: a subprocess with a clean environment, its messages in English.
+
+Shared by the pre-commit gate (hooks.py) and the git participant (participants/git.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+
+GIT_TIMEOUT_S = 60.0
+
+# What git itself clears before it works in another repository (``git rev-parse
+# --local-env-vars``): a caller's GIT_DIR or GIT_INDEX_FILE must not redirect us. The user's
+# global configuration (HOME, GIT_CONFIG_GLOBAL) stays: core.hooksPath may be set there.
+LOCAL_ENV_VARS = frozenset((
+    "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_CONFIG", "GIT_CONFIG_PARAMETERS", "GIT_CONFIG_COUNT",
+    "GIT_OBJECT_DIRECTORY", "GIT_DIR", "GIT_WORK_TREE", "GIT_IMPLICIT_WORK_TREE",
+    "GIT_GRAFT_FILE", "GIT_INDEX_FILE", "GIT_NO_REPLACE_OBJECTS", "GIT_REPLACE_REF_BASE",
+    "GIT_PREFIX", "GIT_INTERNAL_SUPER_PREFIX", "GIT_SHALLOW_FILE", "GIT_COMMON_DIR"))
+
+
+def git_env(**extra: str) -> dict[str, str]:
+    """The caller's environment without LOCAL_ENV_VARS (and the GIT_CONFIG_KEY_/VALUE_ pairs),
+    git's messages in English, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in LOCAL_ENV_VARS and not k.startswith("GIT_CONFIG_KEY_")
+           and not k.startswith("GIT_CONFIG_VALUE_")}
+    env["LC_ALL"] = "C"
+    env.update(extra)
+    return env
+
+
+class GitError(Exception):
+    """git ran and failed (``returncode``, its ``stderr``)."""
+
+    def __init__(self, args: list[str], returncode: int, stderr: str) -> None:
+        last = stderr.strip().splitlines()
+        super().__init__(f"git {' '.join(args[:2])} failed"
+                         + (f": {last[-1]}" if last else f" (exit {returncode})"))
+        self.returncode = returncode
+        self.stderr = stderr
+
+
+def run(args: list[str], cwd: str, *, env: dict[str, str] | None = None,
+        input: bytes | None = None, check: bool = True, timeout: float = GIT_TIMEOUT_S
+        ) -> subprocess.CompletedProcess[bytes]:
+    """``git ARGS`` in ``cwd`` with ``git_env()`` (or ``env``). UsageError when git is not
+    installed or does not answer in time; GitError when it fails and ``check``."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(["git", *args], cwd=cwd, env=env if env is not None else git_env(),
+                              input=input, stdin=None if input is not None else
+                              subprocess.DEVNULL, capture_output=True, timeout=timeout,
+                              check=False)
+    except FileNotFoundError:
+        raise UsageError("git is not installed (or not on PATH)") from None
+    except subprocess.TimeoutExpired:
+        raise UsageError(f"git {args[0]} did not answer within {timeout:.0f} s") from None
+    if check and proc.returncode != 0:
+        raise GitError(args, proc.returncode, proc.stderr.decode("utf-8", "replace"))
+    return proc

@@ -1,0 +1,345 @@
+"""The git participant: a git commit of exactly a transaction's changes, atomic with its files.
+
+``git-commit`` stages one effect of kind ``git`` ({message, author, branch}) and commits the
+transaction (coordinator/client.py, ``Transaction.git_commit``). The effect is checked when it is
+staged (``check_effect``): the workspace is in a git work tree, the branch exists and has a
+commit, the index is not locked, git knows who the committer is. Nothing is logged otherwise.
+
+prepare (after the file participant voted yes, under the commit lock): read the branch's
+  commit OLD; build the new tree on a temporary index (``GIT_INDEX_FILE`` in the transaction's
+  scratch directory): ``read-tree OLD``, the transaction's changes through ``update-index
+  --index-info`` (deletes first; a write is its staged blob, ``hash-object -w``; a symlink is
+  mode 120000; a mkdir means nothing to git), ``write-tree``, ``commit-tree -p OLD``: NEW.
+  The user's index and work tree are not touched. The vote carries ref, OLD and NEW into the
+  commit decision (``decision_fields``), so that a redo in another process has them.
+apply (after the file participant applied the files; a redo in recovery): ``update-ref REF NEW
+  OLD``, a compare-and-swap. The ref at NEW already: done (a redo). At neither: someone moved
+  it after the decision; it is left as it is and reported as diverged (never forced). Then the
+  user's index gets NEW's entries for the committed paths only (when HEAD is that branch),
+  best effort: a locked index is left as it is.
+undo: nothing. The objects prepare wrote are unreachable after an abort: harmless garbage
+  that ``git gc`` prunes, like what an interrupted ``git commit`` leaves.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import crashpoints
+from ..errors import UsageError
+from .base import YES, Applied, ApplyFailed, Vote
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from ..core.states import Op, Tx
+    from ..storage.blobs import BlobStore
+    from .base import Context, EffectFields
+
+KIND = "git"
+MESSAGE_BYTES_MAX = 1 << 20
+ZERO_SHA = "0" * 40
+
+
+def _git(args: list[str], cwd: str, **kw: Any) -> str:
+    from ..git.run import run
+
+    return os.fsdecode(run(args, cwd, **kw).stdout).strip()
+
+
+class GitParticipant:
+    """A git commit of the transaction's changes (participants/base.py: the protocol)."""
+
+    name = "git"
+    kinds = frozenset({KIND})
+
+    def __init__(self, root: str, scratch_of: Callable[[str], str], blobs: BlobStore) -> None:
+        self.root = root
+        self._scratch_of = scratch_of  # tid -> the transaction's scratch directory
+        self._blobs = blobs
+        self._decided: dict[str, dict[str, Any]] = {}  # tid -> {ref, old, new, prefix}
+
+    # -- staging (base.py: EffectStager) -----------------------------------------------------
+
+    def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
+        unknown = set(args) - {"message", "author", "branch"}
+        if unknown:
+            raise UsageError(f"a git commit takes message, author and branch, not "
+                             f"{', '.join(sorted(unknown))}")
+        message = _check_message(args.get("message"))
+        author = _check_author(args.get("author"))
+        repo = repository(self.root)
+        branch = resolve_branch(self.root, args.get("branch"))
+        return {"message": message, "author": author, "branch": branch,
+                "prefix": repo["prefix"]}
+
+    def effect_fields(self, tid: str, n: int, checked: Any) -> EffectFields:
+        return {"request": checked, "key": f"git-{tid}-{n}", "compensate": None}
+
+    def staged_answer(self, effect: dict[str, Any]) -> dict[str, Any]:
+        request = effect["request"]
+        return {"n": effect["n"], "branch": request["branch"], "author": request["author"]}
+
+    # -- the participant protocol (base.py) --------------------------------------------------
+
+    def commit_request(self, tx: Tx) -> dict[str, Any] | None:
+        """The git commit ``tx`` asks for: its latest effect of kind git, if any."""
+        asks = [eff for eff in tx.effects if eff.get("kind") == KIND]
+        return asks[-1]["request"] if asks else None
+
+    def prepare(self, tx: Tx, ctx: Context) -> Vote:
+        request = self.commit_request(tx)
+        if request is None:
+            return YES
+        from ..git.run import GitError
+
+        try:
+            return self._prepare(tx, request)
+        except (OSError, ValueError, GitError, UsageError) as exc:  # raising is voting no
+            return Vote.no("prepare_failed", f"the git commit could not be made: {exc}")
+
+    def _prepare(self, tx: Tx, request: dict[str, Any]) -> Vote:
+        ref = "refs/heads/" + request["branch"]
+        old = _git(["rev-parse", "-q", "--verify", ref + "^{commit}"], self.root, check=False)
+        if not old:
+            return Vote.no("conflict", f"the branch {request['branch']} is gone since "
+                           "git-commit named it")
+        new = build_commit(self.root, self._scratch_of(tx.tid), tx, request, old,
+                           self._blobs.path)
+        crashpoints.hit("git.after_objects")
+        self._decided[tx.tid] = {"ref": ref, "old": old, "new": new,
+                                 "prefix": request["prefix"]}
+        return YES
+
+    def decision_fields(self, tid: str) -> dict[str, Any]:
+        decided = self._decided.pop(tid, None)
+        return {"git": decided} if decided is not None else {}
+
+    def apply(self, tx: Tx, ctx: Context, redo: bool) -> Applied:
+        decided = tx.decision_fields.get("git")
+        out = Applied()
+        if not decided:
+            return out
+        from ..git.run import GitError
+
+        try:
+            moved = move_ref(self.root, decided, tx.tid)
+        except (OSError, GitError, UsageError) as exc:
+            raise ApplyFailed(exc, []) from exc
+        if not moved:
+            out.diverged.append(decided["ref"])
+            return out
+        crashpoints.hit("git.after_ref")
+        update_user_index(self.root, decided, [op.path for op in git_changes(tx)])
+        return out
+
+    def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:
+        return {}  # the objects prepare wrote are unreachable garbage; no ref was moved
+
+    def forget(self, tid: str) -> None:
+        self._decided.pop(tid, None)
+
+    def close(self) -> None:
+        pass  # every git process ends within its step
+
+    def describe(self, tx: Tx) -> dict[str, Any]:
+        request = self.commit_request(tx)
+        if request is None:
+            return {}
+        return {"git": {"branch": request["branch"], "author": request["author"],
+                        "message": request["message"].split("\n", 1)[0]}}
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def _check_message(message: Any) -> str:
+    if not isinstance(message, str) or not message.strip():
+        raise UsageError("a git commit needs a `message`", params=("message",))
+    if "\0" in message or len(message.encode("utf-8", "surrogatepass")) > MESSAGE_BYTES_MAX:
+        raise UsageError(f"a commit message is text without NUL, at most {MESSAGE_BYTES_MAX} "
+                         "bytes", params=("message",))
+    try:
+        message.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError("a commit message must be Unicode text", params=("message",)) from None
+    return message
+
+
+def _check_author(author: Any) -> str | None:
+    if author is None:
+        return None
+    import re
+
+    if not isinstance(author, str) or not re.fullmatch(r"[^<>\n\0]*[^<>\s\0] <[^<>\n\0]+>",
+                                                       author):
+        raise UsageError(f"`author` is \"Name <email>\", not {author!r}", params=("author",))
+    return author
+
+
+def repository(root: str) -> dict[str, str]:
+    """{git_dir, prefix} of the work tree at ``root``; UsageError when there is none, when it
+    is bare, or when its index is locked."""
+    from ..git.run import GitError
+
+    try:
+        lines = _git(["rev-parse", "--is-bare-repository", "--absolute-git-dir"], root
+                     ).splitlines()
+        if lines[0] == "true":
+            raise UsageError(f"{root} is a bare repository: git-commit needs a work tree",
+                             root=root)
+        prefix = _git(["rev-parse", "--show-prefix"], root)
+    except GitError as exc:
+        raise UsageError(f"{root} is not in a git work tree ({exc})", root=root) from None
+    index_lock = os.path.join(lines[1], "index.lock")
+    if os.path.exists(index_lock):
+        raise UsageError(f"{index_lock} exists: another git process is working in this "
+                         "repository (or one crashed: remove the file if none is running)",
+                         root=root)
+    return {"git_dir": lines[1], "prefix": prefix}
+
+
+def resolve_branch(root: str, branch: Any) -> str:
+    """The short name of the branch to commit onto: ``branch``, else the one HEAD is on. It
+    must exist and have a commit; git must know who commits (user.name, user.email)."""
+    if branch is None:
+        head = _git(["symbolic-ref", "-q", "HEAD"], root, check=False)
+        if not head.startswith("refs/heads/"):
+            raise UsageError("HEAD is detached: name the branch to commit onto (`branch`)",
+                             params=("branch",))
+        branch = head[len("refs/heads/"):]
+    elif not isinstance(branch, str) or not branch or branch.startswith("-") or \
+            _ref_format_bad(root, branch):
+        raise UsageError(f"{branch!r} is not a branch name", params=("branch",))
+    ref = "refs/heads/" + branch
+    if not _git(["rev-parse", "-q", "--verify", ref + "^{commit}"], root, check=False):
+        exists = _git(["show-ref", "--verify", "-q", ref], root, check=False)
+        unborn = _git(["symbolic-ref", "-q", "HEAD"], root, check=False) == ref
+        raise UsageError(
+            f"the branch {branch} has no commit yet (an unborn branch): make a first commit "
+            "with git itself" if unborn and not exists else
+            f"there is no branch {branch}", params=("branch",))
+    from ..git.run import GitError
+
+    try:
+        _git(["var", "GIT_COMMITTER_IDENT"], root)
+    except GitError as exc:
+        raise UsageError(f"git does not know who commits: set user.name and user.email "
+                         f"({exc})") from None
+    return str(branch)
+
+
+def _ref_format_bad(root: str, branch: str) -> bool:
+    from ..git.run import run
+
+    return run(["check-ref-format", "refs/heads/" + branch], root, check=False).returncode != 0
+
+
+# -- prepare: the commit, on a temporary index -------------------------------------------------
+
+
+def git_changes(tx: Tx) -> list[Op]:
+    """The changes git records: deletes first (a file may replace a directory), then writes and
+    symlinks; a mkdir means nothing to git."""
+    changes = [op for op in tx.changes() if op.op != "mkdir"]
+    return sorted(changes, key=lambda op: op.op != "delete")
+
+
+def _index_lines(root: str, tx: Tx, prefix: str, blob_path: Callable[[str], str],
+                 env: dict[str, str]
+                 ) -> bytes:
+    """``update-index -z --index-info`` input for ``tx``'s changes; writes the blobs."""
+    changes = git_changes(tx)
+    writes = [op for op in changes if op.op == "write"]
+    shas: dict[str, str] = {}
+    if writes:
+        from ..git.run import run
+
+        names = "".join(blob_path(op.blob or "") + "\n" for op in writes)
+        out = run(["hash-object", "-w", "--no-filters", "--stdin-paths"], root, env=env,
+                  input=os.fsencode(names)).stdout.decode("ascii").split()
+        shas = {op.path: sha for op, sha in zip(writes, out, strict=True)}
+    lines = []
+    for op in changes:
+        path = os.fsencode(prefix + op.path)
+        if op.op == "delete":
+            lines.append(b"0 " + ZERO_SHA.encode() + b"\t" + path + b"\0")
+        elif op.op == "symlink":
+            assert op.target is not None
+            sha = _git(["hash-object", "-w", "--stdin"], root, env=env,
+                       input=os.fsencode(op.target))
+            lines.append(b"120000 " + sha.encode() + b"\t" + path + b"\0")
+        else:
+            mode = b"100755" if _mode(root, op) & 0o100 else b"100644"
+            lines.append(mode + b" " + shas[op.path].encode() + b"\t" + path + b"\0")
+    return b"".join(lines)
+
+
+def _mode(root: str, op: Op) -> int:
+    """The permission bits the file participant gives a write: its own, else the file's."""
+    if op.mode is not None:
+        return op.mode
+    try:
+        return os.lstat(os.path.join(root, op.path)).st_mode & 0o777
+    except OSError:
+        return 0o644
+
+
+def build_commit(root: str, scratch: str, tx: Tx, request: dict[str, Any], old: str,
+                 blob_path: Callable[[str], str]) -> str:
+    """Write the commit of ``tx``'s changes on top of ``old``; return its id (NEW)."""
+    from ..git.run import git_env, run
+
+    os.makedirs(scratch, exist_ok=True)
+    index = os.path.join(scratch, "git-index")
+    env = git_env(GIT_INDEX_FILE=index)
+    run(["read-tree", old], root, env=env)
+    run(["update-index", "-z", "--index-info"], root, env=env,
+        input=_index_lines(root, tx, request["prefix"], blob_path, env))
+    tree = _git(["write-tree"], root, env=env)
+    author = request.get("author")
+    if author is not None:
+        name, _, email = author.rpartition(" <")
+        env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email[:-1])
+    new = _git(["commit-tree", tree, "-p", old, "-F", "-"], root, env=env,
+               input=request["message"].encode("utf-8"))
+    os.unlink(index)
+    return new
+
+
+# -- apply: the ref, then the user's index -----------------------------------------------------
+
+
+def move_ref(root: str, decided: dict[str, Any], tid: str) -> bool:
+    """Compare-and-swap the ref from OLD to NEW; True when it is at NEW now, False when someone
+    moved it elsewhere (left as it is)."""
+    from ..git.run import GitError, run
+
+    ref, old, new = decided["ref"], decided["old"], decided["new"]
+    try:
+        run(["update-ref", "-m", f"agent-2pc git-commit {tid}", ref, new, old], root)
+        return True
+    except GitError:
+        now = _git(["rev-parse", "-q", "--verify", ref], root, check=False)
+        if now == new:
+            return True  # a redo: done before the crash
+        if now == old:
+            raise  # the ref is still OLD: it could not be moved (a lock); recover retries
+        return False
+
+
+def update_user_index(root: str, decided: dict[str, Any], paths: list[str]) -> None:
+    """Give the user's index NEW's entries for ``paths`` (relative to ``root``; absent in NEW:
+    removed), when HEAD is the committed branch: ``git reset -q NEW -- paths``, which changes
+    nothing else in the index and nothing in the work tree. Best effort and idempotent."""
+    from ..git.run import GitError, git_env, run
+
+    if not paths or _git(["symbolic-ref", "-q", "HEAD"], root, check=False) != decided["ref"]:
+        return
+    try:
+        run(["reset", "-q", decided["new"], "--pathspec-from-file=-", "--pathspec-file-nul"],
+            root, env=git_env(GIT_LITERAL_PATHSPECS="1"),
+            input=b"".join(os.fsencode(p) + b"\0" for p in paths))
+    except (GitError, OSError):
+        pass  # a locked index (git running meanwhile): the commit is made; the index stays

@@ -1,0 +1,234 @@
+"""git-commit: a transaction's files and a git commit of exactly its changes land as one unit.
+
+Real git repositories; crashes are real processes killed at the named points
+(AGENT2PC_CRASH_AT, as tests/test_crash_points.py does), then `agent-2pc recover`: after the
+decision the files and the branch are both committed, before it neither, and `git fsck` is
+clean after each. These scenarios cover the crash points git.after_objects and git.after_ref
+(tests/test_crash_points.py lists them as covered here).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from crashkit import cli, wal_is_clean
+
+from agent_2pc import Agent2PC, TransactionAborted
+from agent_2pc.errors import UsageError
+
+pytestmark = pytest.mark.timeout(120)
+
+GIT_ENV = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")},
+           "GIT_CONFIG_NOSYSTEM": "1", "LC_ALL": "C"}
+
+
+def git(repo: Path, *args: str, input: bytes | None = None) -> str:
+    proc = subprocess.run(["git", *args], cwd=repo, env=GIT_ENV, input=input,
+                          capture_output=True, check=True)
+    return proc.stdout.decode()
+
+
+def make_repo(tmp_path: Path) -> Path:
+    """A repository with two commits' worth of files, an agent-2pc workspace, and a file the
+    user staged (other.txt) plus one they modified without staging (dirty.txt)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "config", "user.name", "Repo Owner")
+    git(repo, "config", "user.email", "owner@example.com")
+    for name, text in {"a.txt": "a\n", "b.txt": "b\n", "dirty.txt": "d\n",
+                       "sub/c.txt": "c\n"}.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "init")
+    Agent2PC.init(repo)
+    (repo / "other.txt").write_text("the user's own, staged\n")
+    git(repo, "add", "other.txt")
+    (repo / "dirty.txt").write_text("the user's own, not staged\n")
+    return repo
+
+
+def stage_change(repo: Path) -> str:
+    tx = Agent2PC(repo).begin(label="agent edit")
+    tx.stage_write("a.txt", "A changed\n")
+    tx.stage_delete("b.txt")
+    tx.stage_write("new/tool.sh", "#!/bin/sh\necho hi\n", mode=0o755)
+    return tx.tid
+
+
+def head(repo: Path, ref: str = "refs/heads/main") -> str:
+    return git(repo, "rev-parse", ref).strip()
+
+
+def changed_in(repo: Path, commit: str) -> list[str]:
+    return git(repo, "show", "--format=", "--name-status", commit).split("\n")[:-1]
+
+
+def assert_fsck_clean(repo: Path) -> None:
+    git(repo, "fsck", "--no-dangling", "--strict")
+
+
+def assert_user_index_kept(repo: Path) -> None:
+    status = git(repo, "status", "--porcelain")
+    assert "A  other.txt" in status.splitlines(), status
+    assert " M dirty.txt" in status.splitlines(), status
+
+
+def test_git_commit_makes_one_commit_of_exactly_the_transaction_and_keeps_the_users_index(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    out = Agent2PC(repo).get(tid).git_commit("agent: edit a, drop b")
+    assert out["state"] == "committed" and out["branch"] == "main"
+    assert out["commit"] == head(repo) != old
+    assert git(repo, "rev-parse", out["commit"] + "^").strip() == old
+    assert sorted(changed_in(repo, out["commit"])) == [
+        "A\tnew/tool.sh", "D\tb.txt", "M\ta.txt"]
+    assert git(repo, "log", "-1", "--format=%an <%ae>|%s").strip() == (
+        "Repo Owner <owner@example.com>|agent: edit a, drop b")
+    assert git(repo, "ls-tree", out["commit"], "new/tool.sh").startswith("100755 blob")
+    assert (repo / "a.txt").read_text() == "A changed\n" and not (repo / "b.txt").exists()
+    status = git(repo, "status", "--porcelain").splitlines()
+    assert sorted(status) == [" M dirty.txt", "A  other.txt"], status  # nothing of ours
+    assert "other.txt" not in git(repo, "ls-tree", "-r", "--name-only", out["commit"])
+    assert_fsck_clean(repo)
+
+
+def test_git_commit_from_the_cli_with_author_and_short_message_flag(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "by the bot", "--author",
+               "Agent Bot <bot@example.com>")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["ok"] and out["commit"] == head(repo) and out["branch"] == "main"
+    assert out["files"] == ["a.txt", "b.txt", "new/tool.sh"]
+    assert git(repo, "log", "-1", "--format=%an <%ae>|%cn").strip() == (
+        "Agent Bot <bot@example.com>|Repo Owner")
+    assert_user_index_kept(repo)
+    again = json.loads(cli(repo, "commit", "--tid", tid).stdout)  # the same answer
+    assert again["commit"] == out["commit"] and again["branch"] == "main"
+
+
+def test_a_branch_moved_between_begin_and_commit_is_the_parent(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    git(repo, "commit", "-q", "-m", "the user's commit meanwhile")  # commits other.txt
+    moved = head(repo)
+    out = Agent2PC(repo).get(tid).git_commit("agent change")
+    assert git(repo, "rev-parse", out["commit"] + "^").strip() == moved
+    assert "other.txt" in git(repo, "ls-tree", "-r", "--name-only", out["commit"])
+    assert_fsck_clean(repo)
+
+
+def test_another_branch_moves_and_the_users_index_is_not_touched(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    git(repo, "branch", "agent")
+    index_before = git(repo, "ls-files", "-s")
+    tid = stage_change(repo)
+    out = Agent2PC(repo).get(tid).git_commit("on agent", branch="agent")
+    assert out["branch"] == "agent" and head(repo, "refs/heads/agent") == out["commit"]
+    assert git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/main"
+    assert git(repo, "ls-files", "-s") == index_before
+
+
+@pytest.mark.parametrize("case", ["detached", "unborn", "missing_branch", "bad_author",
+                                  "empty_message", "index_locked"])
+def test_bad_input_is_a_usage_error_and_changes_nothing(tmp_path: Path, case: str) -> None:
+    repo = make_repo(tmp_path)
+    kwargs: dict[str, str] = {"message": "m"}
+    if case == "detached":
+        git(repo, "checkout", "-q", "--detach")
+    elif case == "unborn":
+        git(repo, "checkout", "-q", "--orphan", "fresh")
+    elif case == "missing_branch":
+        kwargs["branch"] = "nope"
+    elif case == "bad_author":
+        kwargs["author"] = "no email"
+    elif case == "empty_message":
+        kwargs["message"] = " "
+    elif case == "index_locked":
+        (repo / ".git" / "index.lock").write_bytes(b"")
+    refs, index = git(repo, "show-ref"), (repo / ".git" / "index").read_bytes()
+    tid = stage_change(repo)
+    tx = Agent2PC(repo).get(tid)
+    with pytest.raises(UsageError) as err:
+        tx.git_commit(**kwargs)
+    assert err.value.code == "usage"
+    assert tx.state() == "active" and (repo / "a.txt").read_text() == "a\n"
+    assert git(repo, "show-ref") == refs and (repo / ".git" / "index").read_bytes() == index
+    proc = cli(repo, "git-commit", "--tid", tid, *[f"--{k}={v}" for k, v in kwargs.items()])
+    assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == "usage"
+
+
+def test_a_file_conflict_aborts_and_moves_no_ref(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    (repo / "a.txt").write_text("someone else\n")
+    with pytest.raises(TransactionAborted) as err:
+        Agent2PC(repo).get(tid).git_commit("m")
+    assert err.value.code == "conflict" and head(repo) == old
+    assert_fsck_clean(repo)
+
+
+# -- crashes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("point,expect", [
+    ("git.after_objects", "old"),
+    ("prepare.before_decision", "old"),
+    ("commit.after_decision", "new"),
+    ("commit.mid_apply:2", "new"),
+    ("commit.before_end", "new"),
+    ("git.after_ref", "new"),
+])
+def test_a_crash_then_recover_lands_files_and_branch_together(tmp_path: Path, point: str,
+                                                             expect: str) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "crashing",
+               env={"AGENT2PC_CRASH_AT": point})
+    assert proc.returncode == 137, (proc.stdout, proc.stderr)
+    out = json.loads(cli(repo, "recover").stdout)
+    assert wal_is_clean(repo)
+    state = Agent2PC(repo).status(tid)["transactions"][0]["state"]
+    if expect == "old":
+        assert tid in out["rolled_back"] and state == "aborted"
+        assert head(repo) == old and (repo / "a.txt").read_text() == "a\n"
+        assert (repo / "b.txt").exists() and not (repo / "new").exists()
+    else:
+        assert tid in out["rolled_forward"] and state == "committed"
+        new = head(repo)
+        assert git(repo, "rev-parse", new + "^").strip() == old
+        assert sorted(changed_in(repo, new)) == ["A\tnew/tool.sh", "D\tb.txt", "M\ta.txt"]
+        assert (repo / "a.txt").read_text() == "A changed\n" and not (repo / "b.txt").exists()
+        status = git(repo, "status", "--porcelain").splitlines()
+        assert sorted(status) == [" M dirty.txt", "A  other.txt"], status
+    assert_user_index_kept(repo)
+    assert_fsck_clean(repo)
+
+
+def test_a_branch_moved_after_the_decision_is_left_and_reported_diverged(tmp_path: Path
+                                                                         ) -> None:
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "crashing",
+               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
+    assert proc.returncode == 137
+    git(repo, "commit", "-q", "-m", "someone moved main")  # after the decision
+    moved = head(repo)
+    out = json.loads(cli(repo, "recover").stdout)
+    assert tid in out["rolled_forward"]
+    assert head(repo) == moved  # never forced
+    answer = json.loads(cli(repo, "commit", "--tid", tid).stdout)
+    assert answer["diverged"] == ["refs/heads/main"]
+    assert (repo / "a.txt").read_text() == "A changed\n"
+    assert_fsck_clean(repo)

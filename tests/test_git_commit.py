@@ -232,3 +232,53 @@ def test_a_branch_moved_after_the_decision_is_left_and_reported_diverged(tmp_pat
     assert answer["diverged"] == ["refs/heads/main"]
     assert (repo / "a.txt").read_text() == "A changed\n"
     assert_fsck_clean(repo)
+
+
+def test_a_workspace_below_the_top_of_the_work_tree_commits_its_paths_under_it(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    sub = repo / "sub"
+    Agent2PC.init(sub)
+    tx = Agent2PC(sub).begin()
+    tx.stage_write("c.txt", "C\n")
+    tx.stage_write("d/e.txt", "e\n")
+    out = tx.git_commit("in sub")
+    assert sorted(changed_in(repo, out["commit"])) == ["A\tsub/d/e.txt", "M\tsub/c.txt"]
+    status = git(repo, "status", "--porcelain", "--untracked-files=no").splitlines()
+    assert sorted(status) == [" M dirty.txt", "A  other.txt"], status
+    assert_fsck_clean(repo)
+
+
+def test_a_workspace_outside_git_is_a_usage_error(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    client = Agent2PC.init(plain)
+    tx = client.begin()
+    tx.stage_write("x.txt", "x\n")
+    with pytest.raises(UsageError, match="not in a git work tree"):
+        tx.git_commit("m")
+    assert tx.state() == "active" and not (plain / "x.txt").exists()
+
+
+def test_a_locked_ref_at_apply_leaves_it_committing_and_recover_finishes_it_later(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
+               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
+    assert proc.returncode == 137
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    lock.write_bytes(b"")  # a git process is updating main
+    cli(repo, "recover")
+    assert head(repo) == old
+    status = cli(repo, "status", "--tid", tid)
+    assert status.returncode == 2, status.stdout
+    err = json.loads(status.stdout)["error"]
+    assert err["code"] == "apply_incomplete" and "main.lock" in err["message"], err
+    lock.unlink()
+    out = json.loads(cli(repo, "recover").stdout)
+    assert tid in out["rolled_forward"]
+    assert git(repo, "rev-parse", "main^").strip() == old
+    assert (repo / "a.txt").read_text() == "A changed\n"
+    assert_fsck_clean(repo)

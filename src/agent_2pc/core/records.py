@@ -151,7 +151,11 @@ _REQUEST: tuple[Spec, ...] = (("method", _S, True, None), ("url", _S, True, None
                               ("headers", _D, False, None))
 # An effect's request, by the effect's kind (a record without a kind is an HTTP call: logs
 # before participants could stage effects of their own kinds).
-EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {"http": _REQUEST}
+EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
+    "http": _REQUEST,
+    "git": (("message", _S, True, None), ("author", _S_N, False, None),  # participants/git.py
+            ("branch", _S, True, None), ("prefix", _S, True, None)),
+}
 # What a commit decision carries for the git participant's redo (participants/git.py).
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),
                                   ("new", _S, True, None), ("prefix", _S, True, None))

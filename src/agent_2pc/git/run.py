@@ -40,9 +40,10 @@ class GitError(Exception):
     """git ran and failed (``returncode``, its ``stderr``)."""
 
     def __init__(self, args: list[str], returncode: int, stderr: str) -> None:
-        last = stderr.strip().splitlines()
-        super().__init__(f"git {' '.join(args[:2])} failed"
-                         + (f": {last[-1]}" if last else f" (exit {returncode})"))
+        lines = stderr.strip().splitlines()
+        said = [ln for ln in lines if ln.startswith(("fatal:", "error:"))] or lines[-1:]
+        super().__init__(f"git {args[0]} failed"
+                         + (f": {said[0]}" if said else f" (exit {returncode})"))
         self.returncode = returncode
         self.stderr = stderr
 

@@ -126,7 +126,7 @@ class GitParticipant:
         try:
             moved = move_ref(self.root, decided, tx.tid)
         except (OSError, GitError, UsageError) as exc:
-            raise ApplyFailed(exc, []) from exc
+            raise ApplyFailed(exc, [op.path for op in tx.changes()]) from exc  # files: done
         if not moved:
             out.diverged.append(decided["ref"])
             return out

@@ -282,3 +282,16 @@ def test_a_locked_ref_at_apply_leaves_it_committing_and_recover_finishes_it_late
     assert git(repo, "rev-parse", "main^").strip() == old
     assert (repo / "a.txt").read_text() == "A changed\n"
     assert_fsck_clean(repo)
+
+
+def test_a_symbolic_link_is_committed_as_a_link_and_an_empty_directory_not_at_all(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    tx = Agent2PC(repo).begin()
+    tx.exec(["sh", "-c", "ln -s a.txt to-a && mkdir empty"])
+    out = tx.git_commit("a link")
+    assert git(repo, "ls-tree", out["commit"], "to-a").startswith("120000 blob")
+    assert git(repo, "cat-file", "-p", out["commit"] + ":to-a") == "a.txt"
+    assert changed_in(repo, out["commit"]) == ["A\tto-a"]
+    assert (repo / "empty").is_dir() and os.readlink(repo / "to-a") == "a.txt"
+    assert_fsck_clean(repo)

@@ -295,3 +295,29 @@ def test_a_symbolic_link_is_committed_as_a_link_and_an_empty_directory_not_at_al
     assert changed_in(repo, out["commit"]) == ["A\tto-a"]
     assert (repo / "empty").is_dir() and os.readlink(repo / "to-a") == "a.txt"
     assert_fsck_clean(repo)
+
+
+def test_a_branch_checked_out_in_another_worktree_is_refused(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    git(repo, "worktree", "add", "-q", "-b", "elsewhere", str(tmp_path / "other"))
+    refs = git(repo, "show-ref")
+    tx = Agent2PC(repo).begin()
+    tx.stage_write("a.txt", "x\n")
+    with pytest.raises(UsageError, match="checked out in the worktree"):
+        tx.git_commit("m", branch="elsewhere")
+    assert git(repo, "show-ref") == refs and tx.state() == "active"
+    assert tx.git_commit("m", branch="main")["branch"] == "main"  # its own branch is fine
+
+
+def test_in_a_linked_worktree_the_commit_goes_onto_its_branch(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    other = tmp_path / "other"
+    git(repo, "worktree", "add", "-q", "-b", "feature", str(other))
+    main_before = head(repo)
+    tx = Agent2PC.init(other).begin()
+    tx.stage_write("a.txt", "in the worktree\n")
+    out = tx.git_commit("from a worktree")
+    assert out["branch"] == "feature" and head(repo, "refs/heads/feature") == out["commit"]
+    assert head(repo) == main_before
+    assert git(other, "status", "--porcelain", "--untracked-files=no") == ""
+    assert_fsck_clean(repo)

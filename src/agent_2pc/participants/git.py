@@ -220,6 +220,10 @@ def resolve_branch(root: str, branch: Any) -> str:
             f"the branch {branch} has no commit yet (an unborn branch): make a first commit "
             "with git itself" if unborn and not exists else
             f"there is no branch {branch}", params=("branch",))
+    elsewhere = _checked_out_elsewhere(root, ref)
+    if elsewhere:
+        raise UsageError(f"the branch {branch} is checked out in the worktree {elsewhere}: "
+                         "commit there, or onto another branch", params=("branch",))
     from ..git.run import GitError
 
     try:
@@ -228,6 +232,19 @@ def resolve_branch(root: str, branch: Any) -> str:
         raise UsageError(f"git does not know who commits: set user.name and user.email "
                          f"({exc})") from None
     return str(branch)
+
+
+def _checked_out_elsewhere(root: str, ref: str) -> str | None:
+    """The other worktree that has ``ref`` checked out (git will not move a branch under
+    another worktree's HEAD either), or None."""
+    here = os.path.realpath(_git(["rev-parse", "--show-toplevel"], root))
+    tree = None
+    for line in _git(["worktree", "list", "--porcelain"], root).splitlines():
+        if line.startswith("worktree "):
+            tree = line[len("worktree "):]
+        elif line == "branch " + ref and tree is not None and os.path.realpath(tree) != here:
+            return tree
+    return None
 
 
 def _ref_format_bad(root: str, branch: str) -> bool:

@@ -321,3 +321,16 @@ def test_in_a_linked_worktree_the_commit_goes_onto_its_branch(tmp_path: Path) ->
     assert head(repo) == main_before
     assert git(other, "status", "--porcelain", "--untracked-files=no") == ""
     assert_fsck_clean(repo)
+
+
+def test_a_git_decision_or_effect_of_the_wrong_shape_is_a_bad_record() -> None:
+    from agent_2pc.core.records import shape_problem
+
+    good = {"type": "decision", "tid": "t", "ts": 1, "outcome": "commit",
+            "git": {"ref": "refs/heads/main", "old": "a" * 40, "new": "b" * 40, "prefix": ""}}
+    assert shape_problem(good) is None
+    assert "'new'" in (shape_problem({**good, "git": {**good["git"], "new": 7}}) or "")
+    effect = {"type": "effect", "tid": "t", "ts": 1, "n": 0, "kind": "git", "key": "k",
+              "request": {"message": "m", "author": None, "branch": "main", "prefix": ""}}
+    assert shape_problem(effect) is None
+    assert "'branch'" in (shape_problem({**effect, "request": {"message": "m"}}) or "")

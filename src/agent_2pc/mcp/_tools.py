@@ -402,7 +402,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "user's other staged or modified files are neither committed nor lost. Returns {tid, "
         "state: \"committed\", files, commit, branch}. Use it instead of running `git add` "
         "and `git commit` yourself. A no is ok:false with state \"aborted\", as "
-        "agent_2pc_commit (conflict: a file or the branch changed meanwhile). Errors: usage "
+        "agent_2pc_commit (conflict: a file changed meanwhile, or the branch was deleted; "
+        "commits others added to the branch meanwhile simply become the parent). Errors: usage "
         "(detached HEAD: give branch; an unborn or missing branch; not a git work tree; the "
         "index is locked by a running git; git has no user.name/user.email: ask the user to "
         "set them), bad_state, unknown_tid.",

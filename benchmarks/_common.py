@@ -410,3 +410,11 @@ def wall_summary(samples: list[float]) -> dict:
     return {"n": len(s), "median_ms": r3(statistics.median(s) * 1000),
             "p90_ms": r3(pct(s, 0.9) * 1000), "min_ms": r3(s[0] * 1000),
             "max_ms": r3(s[-1] * 1000)}
+
+
+def console_script(python: str) -> str:
+    """The venv's ``agent-2pc`` next to ``python`` (the benchmark stops when it is missing)."""
+    console = os.path.join(os.path.dirname(python), "agent-2pc")
+    if not os.path.exists(console):
+        raise SystemExit(f"no console script at {console}: pip install -e . into the venv")
+    return console

@@ -168,9 +168,7 @@ def main() -> int:
         args.runs, args.finished, args.live, args.commits = 3, 100, 10, 5
 
     python = C.venv_python()
-    console = os.path.join(os.path.dirname(python), "agent-2pc")
-    if not os.path.exists(console):
-        raise SystemExit(f"no console script at {console}: pip install -e . into the venv")
+    console = C.console_script(python)
     env = C.bytecode_env(python)
     C.warm_bytecode(python, env)
     result: dict = {"benchmark": "monitor", "machine": C.machine(), "interpreter": python}

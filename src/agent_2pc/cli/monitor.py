@@ -65,11 +65,11 @@ def run_web(ctx: Any, args: dict[str, Any]) -> None:
 
 
 def size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
+    """coordinator/monitor.py's human_size (that module loads only when a snapshot is taken,
+    which is before any text is made, not when the CLI starts)."""
+    from ..coordinator.monitor import human_size
+
+    return human_size(n)
 
 
 def age(seconds: float | None) -> str:

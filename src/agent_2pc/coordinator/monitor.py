@@ -555,8 +555,9 @@ class Monitor:
                 sev = None
             if sev is not None:
                 out.append(_reason("disk_nearly_full", sev,
-                                   f"{_size(free)} free ({ratio:.1%}) on the workspace's disk: "
-                                   "staging and commits need room for blobs and the log"))
+                                   f"{human_size(free)} free ({ratio:.1%}) on the "
+                                   "workspace's disk: staging and commits need room for blobs "
+                                   "and the log"))
         return out
 
     # -- the smaller parts -------------------------------------------------------------------
@@ -872,7 +873,8 @@ def _reason(code: str, severity: str, message: str, **extra: Any) -> dict[str, A
     return {"code": code, "severity": severity, "message": message, **extra}
 
 
-def _size(n: float) -> str:
+def human_size(n: float) -> str:
+    """Bytes as the monitor, top and web show them: 512 B, 1.5 KiB, 3.2 GiB."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if n < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

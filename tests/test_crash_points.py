@@ -185,6 +185,7 @@ SCENARIOS = {
 # killed at, recovered and checked by the test file named here.
 COVERED_IN = {
     "git.after_objects": "tests/test_git_commit.py",
+    "git.after_lock": "tests/test_git_commit.py",
     "git.after_ref": "tests/test_git_commit.py",
 }
 

@@ -3,7 +3,8 @@
 Real git repositories; crashes are real processes killed at the named points
 (AGENT2PC_CRASH_AT, as tests/test_crash_points.py does), then `agent-2pc recover`: after the
 decision the files and the branch are both committed, before it neither, and `git fsck` is
-clean after each. These scenarios cover the crash points git.after_objects and git.after_ref
+clean after each. These scenarios cover the crash points git.after_objects, git.after_lock and
+git.after_ref
 (tests/test_crash_points.py lists them as covered here).
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from crashkit import cli, wal_is_clean
@@ -183,6 +187,7 @@ def test_a_file_conflict_aborts_and_moves_no_ref(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("point,expect", [
     ("git.after_objects", "old"),
+    ("git.after_lock", "old"),
     ("prepare.before_decision", "old"),
     ("commit.after_decision", "new"),
     ("commit.mid_apply:2", "new"),
@@ -232,6 +237,82 @@ def test_a_branch_moved_after_the_decision_is_left_and_reported_diverged(tmp_pat
     assert answer["diverged"] == ["refs/heads/main"]
     assert (repo / "a.txt").read_text() == "A changed\n"
     assert_fsck_clean(repo)
+
+
+def _stalled_git_commit(repo: Path, tid: str, point: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "AGENT2PC_STALL_AT": point, "AGENT2PC_STALL_S": "4"}
+    env.pop("AGENT2PC_CRASH_AT", None)
+    return subprocess.Popen([sys.executable, "-m", "agent_2pc", "--root", str(repo),
+                             "git-commit", "--tid", tid, "-m", "racing", "--json"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(what: str, done: Any, proc: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 20
+    while not done():
+        assert proc.poll() is None, (what, proc.communicate())
+        assert time.monotonic() < deadline, f"git-commit never got to {what}"
+        time.sleep(0.02)
+
+
+def _our_commit_written(repo: Path) -> bool:
+    listing = git(repo, "cat-file", "--batch-all-objects", "--batch-check=%(objecttype) "
+                  "%(objectname)").split("\n")
+    commits = [line.split()[1] for line in listing if line.startswith("commit ")]
+    return any(git(repo, "log", "-1", "--format=%s", sha).strip() == "racing"
+               for sha in commits)
+
+
+def test_a_branch_moved_between_the_commit_and_the_lock_is_a_conflict_and_nothing_lands(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    proc = _stalled_git_commit(repo, tid, "git.after_objects")
+    _wait_for("its commit object", lambda: _our_commit_written(repo), proc)
+    git(repo, "commit", "-q", "-m", "the user's commit, meanwhile")
+    moved = head(repo)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, (out, err)
+    answer = json.loads(out)
+    assert answer["error"]["code"] == "conflict" and "main" in answer["error"]["message"]
+    assert head(repo) == moved and (repo / "a.txt").read_text() == "a\n"
+    assert (repo / "b.txt").exists() and not (repo / "new").exists()
+    assert Agent2PC(repo).status(tid)["transactions"][0]["state"] == "aborted"
+    assert not (repo / ".git" / "refs" / "heads" / "main.lock").exists()
+    assert_fsck_clean(repo)
+
+
+def test_after_the_yes_vote_no_git_process_can_move_the_branch(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    proc = _stalled_git_commit(repo, tid, "git.after_lock")
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    _wait_for("the ref's lock", lock.exists, proc)
+    refused = subprocess.run(["git", "commit", "-q", "-m", "the user's, meanwhile"], cwd=repo,
+                             env=GIT_ENV, capture_output=True, text=True)
+    assert refused.returncode != 0 and "lock" in refused.stderr, refused
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, (out, err)
+    answer = json.loads(out)
+    assert answer["state"] == "committed" and head(repo) == answer["commit"]
+    assert git(repo, "rev-parse", "main^").strip() == old and not lock.exists()
+    assert_user_index_kept(repo)
+    assert_fsck_clean(repo)
+
+
+def test_a_crash_holding_the_ref_lock_leaves_no_lock_behind(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "crashing",
+               env={"AGENT2PC_CRASH_AT": "git.after_lock"})
+    assert proc.returncode == 137
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    deadline = time.monotonic() + 10  # git ends its transaction on end of input
+    while lock.exists():
+        assert time.monotonic() < deadline, "main.lock outlived the crashed git-commit"
+        time.sleep(0.02)
+    git(repo, "commit", "-q", "-m", "the user can commit again")
 
 
 def test_a_workspace_below_the_top_of_the_work_tree_commits_its_paths_under_it(

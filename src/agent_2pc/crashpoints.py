@@ -31,6 +31,8 @@ POINTS: dict[str, str] = {
     "api.after_record": "a result record of an HTTP call (or its compensation) is logged",
     "git.after_objects": "a git commit's objects are written (the vote not returned yet); no "
     "ref moved",
+    "git.after_lock": "the branch is locked at its commit by git's prepared reference "
+    "transaction (git/reftx.py); the vote not returned yet",
     "git.after_ref": "the branch is at the new commit (after the files); the user's index is "
     "not updated yet",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",

@@ -10,15 +10,20 @@ prepare (after the file participant voted yes, under the commit lock): read the 
   scratch directory): ``read-tree OLD``, the transaction's changes through ``update-index
   --index-info`` (deletes first; a write is its staged blob, ``hash-object -w``; a symlink is
   mode 120000; a mkdir means nothing to git), ``write-tree``, ``commit-tree -p OLD``: NEW.
-  The user's index and work tree are not touched. The vote carries ref, OLD and NEW into the
-  commit decision (``decision_fields``), so that a redo in another process has them.
-apply (after the file participant applied the files; a redo in recovery): ``update-ref REF NEW
-  OLD``, a compare-and-swap. The ref at NEW already: done (a redo). At neither: someone moved
-  it after the decision; it is left as it is and reported as diverged (never forced). Then the
-  user's index gets NEW's entries for the committed paths only (when HEAD is that branch),
-  best effort: a locked index is left as it is.
-undo: nothing. The objects prepare wrote are unreachable after an abort: harmless garbage
-  that ``git gc`` prunes, like what an interrupted ``git commit`` leaves.
+  The user's index and work tree are not touched. Then the ref is locked at OLD with git's own
+  reference transaction, held prepared until the apply (git/reftx.py): from the yes vote on,
+  no other git process can move the branch, and one that moved it since OLD was read makes the
+  vote a no (``conflict``). The vote carries ref, OLD and NEW into the commit decision
+  (``decision_fields``), so that a redo in another process has them.
+apply (after the file participant applied the files): the held transaction commits, moving
+  the ref. In a redo (recovery, in another process: the lock died with the process that held
+  it) ``update-ref REF NEW OLD``, a compare-and-swap: the ref at NEW already is done; at
+  neither, someone moved it after the crash, and it is left as it is and reported as diverged
+  (never forced). Then the user's index gets NEW's entries for the committed paths only (when
+  HEAD is that branch), best effort: a locked index is left as it is.
+undo: the held transaction aborts (the lock goes, the ref unmoved). The objects prepare wrote
+  are unreachable after an abort: harmless garbage that ``git gc`` prunes, like what an
+  interrupted ``git commit`` leaves.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
     from ..core.states import Op, Tx
+    from ..git.reftx import RefTransaction
     from ..storage.blobs import BlobStore
     from .base import Context, EffectFields
 
@@ -59,6 +65,7 @@ class GitParticipant:
         self._scratch_of = scratch_of  # tid -> the transaction's scratch directory
         self._blobs = blobs
         self._decided: dict[str, dict[str, Any]] = {}  # tid -> {ref, old, new, prefix}
+        self._held: dict[str, RefTransaction] = {}  # tid -> its ref, locked since prepare
 
     # -- staging (base.py: EffectStager) -----------------------------------------------------
 
@@ -108,6 +115,17 @@ class GitParticipant:
         new = build_commit(self.root, self._scratch_of(tx.tid), tx, request, old,
                            self._blobs.path)
         crashpoints.hit("git.after_objects")
+        from ..git.reftx import RefTransaction
+        from ..git.run import GitError
+
+        try:
+            self._held[tx.tid] = RefTransaction(self.root, ref, new, old,
+                                                f"agent-2pc git-commit {tx.tid}")
+        except GitError as exc:
+            return Vote.no("conflict", f"the branch {request['branch']} could not be locked "
+                           f"at {old[:12]} ({exc}): it moved, or another git process is "
+                           "updating it")
+        crashpoints.hit("git.after_lock")
         self._decided[tx.tid] = {"ref": ref, "old": old, "new": new,
                                  "prefix": request["prefix"]}
         return YES
@@ -123,8 +141,16 @@ class GitParticipant:
             return out
         from ..git.run import GitError
 
+        held = self._held.pop(tx.tid, None)
         try:
-            moved = move_ref(self.root, decided, tx.tid)
+            moved = False
+            if held is not None:
+                try:
+                    held.commit()
+                    moved = True
+                except GitError:
+                    pass  # git could not finish its transaction: the compare-and-swap says
+            moved = moved or move_ref(self.root, decided, tx.tid)
         except (OSError, GitError, UsageError) as exc:
             raise ApplyFailed(exc, [op.path for op in tx.changes()]) from exc  # files: done
         if not moved:
@@ -135,13 +161,18 @@ class GitParticipant:
         return out
 
     def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:
-        return {}  # the objects prepare wrote are unreachable garbage; no ref was moved
+        self.forget(tx.tid)  # the objects prepare wrote are unreachable garbage
+        return {}
 
     def forget(self, tid: str) -> None:
         self._decided.pop(tid, None)
+        held = self._held.pop(tid, None)
+        if held is not None:
+            held.abort()
 
     def close(self) -> None:
-        pass  # every git process ends within its step
+        for tid in list(self._held):
+            self.forget(tid)
 
     def describe(self, tx: Tx) -> dict[str, Any]:
         request = self.commit_request(tx)

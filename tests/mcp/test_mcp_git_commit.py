@@ -7,7 +7,7 @@ import subprocess
 from typing import Any
 
 import pytest
-from mcpkit import error, ok, server_params, session
+from mcpkit import error, no, ok, server_params, session
 
 from agent_2pc import Agent2PC
 
@@ -62,3 +62,29 @@ def test_git_commit_tool_on_a_detached_head_is_a_usage_error(root: str) -> None:
     out = session(server_params(root), body)
     assert "detached" in out["error"]["message"]
     assert Agent2PC(root).get(tx.tid).state() == "active"
+
+
+def test_git_commit_tool_with_a_failing_hook_is_verification_failed_and_keeps_the_tx(
+        root: str) -> None:
+    import os
+
+    _first_commit(root)
+    hook = f"{root}/.git/hooks/pre-commit"
+    with open(hook, "w") as f:
+        f.write("#!/bin/sh\necho 'lint: trailing whitespace in a.txt' >&2\nexit 1\n")
+    os.chmod(hook, 0o755)
+    client = Agent2PC(root)
+    tx = client.begin()
+    tx.stage_write("a.txt", "x \n")
+    client.close()
+
+    async def body(c: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        refused = no(await c.call_tool("agent_2pc_git_commit", {
+            "tid": tx.tid, "message": "m"}), "verification_failed")
+        passed = ok(await c.call_tool("agent_2pc_git_commit", {
+            "tid": tx.tid, "message": "m", "no_verify": True}))
+        return refused, passed
+
+    refused, passed = session(server_params(root), body)
+    assert "trailing whitespace" in refused["error"]["message"]
+    assert passed["state"] == "committed" and "hooks" not in passed

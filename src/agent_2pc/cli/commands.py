@@ -215,8 +215,27 @@ def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_git_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.tx(args).git_commit(args["message"], author=args["author"],
-                                   branch=args["branch"])
+    message = args["message"]
+    if args["file"] is not None:
+        message = _message_file(args["file"])
+    return ctx.tx(args).git_commit(message, author=args["author"], branch=args["branch"],
+                                   verify=not args["no_verify"], sign=args["sign"] or None)
+
+
+def _message_file(path: str) -> str:
+    """git commit -F: the message from a file, or stdin for "-"; UTF-8 text."""
+    from ..participants.git import MESSAGE_BYTES_MAX
+    from .inputs import read_input
+
+    data = read_input(path, "the message file", MESSAGE_BYTES_MAX)
+    if len(data) > MESSAGE_BYTES_MAX:
+        raise UsageError(f"the message file {path} is over {MESSAGE_BYTES_MAX} bytes",
+                         params=("file",))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"the message file {path} is not UTF-8 text",
+                         params=("file",)) from None
 
 
 def text_git_commit(r: dict[str, Any]) -> str:
@@ -447,13 +466,17 @@ COMMANDS: tuple[Command, ...] = (
             (TID,), extra={"text": text_outcome}),
     Command("git-commit", "commit, and a git commit of exactly the transaction's changes, as "
             "one atomic unit", run_git_commit, (
-                TID, Opt("--message", required=True, metavar="MSG", short="-m",
+                TID, Opt("--message", metavar="MSG", short="-m",
                          help="the commit message (-m MSG)"),
+                Opt("--file", metavar="FILE", short="-F", help="take the commit message from "
+                    "FILE (- for stdin)"),
                 Opt("--author", metavar="\"N <E>\"", help="the commit's author "
                     "(default: git's user.name and user.email)"),
                 Opt("--branch", metavar="B", help="the branch to commit onto (default: the "
-                    "one HEAD is on)")),
-            extra={"text": text_git_commit}),
+                    "one HEAD is on)"),
+                Opt("--no-verify", FLAG, help="skip the pre-commit and commit-msg hooks"),
+                Opt("--sign", FLAG, help="GPG-sign the commit (default: commit.gpgSign)")),
+            one_of=(("message", "file"),), extra={"text": text_git_commit}),
     Command("abort", "abort: nothing staged reaches the tree", run_abort, (
         TID, Opt("--reason", metavar="S", help="why (kept in the history)")),
         extra={"text": text_outcome}),

@@ -261,16 +261,19 @@ class Transaction:
         return self._engine.commit(self.tid)
 
     def git_commit(self, message: str, author: str | None = None,
-                   branch: str | None = None) -> dict[str, Any]:
+                   branch: str | None = None, verify: bool = True, sign: bool | None = None
+                   ) -> dict[str, Any]:
         """Commit the transaction and, as one atomic unit with its files, a git commit of
         exactly its changes on ``branch`` (default: the branch HEAD is on), by ``author``
-        ("Name <email>"; default: git's). The answer is commit's plus ``commit`` (the new
-        commit's id) and ``branch``. Bad input (detached HEAD, an unborn or missing branch, no
-        git work tree, a locked index) is UsageError before anything is staged; a no vote
-        raises TransactionAborted, as commit does (docs/git.md)."""
-        self._engine.stage_effect(self.tid, "git", {"message": message, "author": author,
-                                                    "branch": branch})
-        return self._engine.commit(self.tid)
+        ("Name <email>"; default: git's). git's hooks run as with ``git commit`` (pre-commit,
+        prepare-commit-msg and commit-msg in the staged view, post-commit after), unless
+        ``verify`` is false (``--no-verify``); a failing hook raises CheckFailed and the
+        transaction stays active. ``sign``: GPG-sign the commit (default: commit.gpgSign).
+        The answer is commit's plus ``commit`` (the new commit's id), ``branch`` and the
+        ``hooks`` that ran. Bad input (detached HEAD, an unborn or missing branch, no git work
+        tree, a locked index) is UsageError before anything is staged; a no vote raises
+        TransactionAborted, as commit does (docs/git.md)."""
+        return self._engine.git_commit(self.tid, message, author, branch, verify, sign)
 
     def abort(self, reason: str | None = None) -> dict[str, Any]:
         return self._engine.abort(self.tid, reason)

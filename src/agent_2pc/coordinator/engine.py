@@ -219,6 +219,24 @@ class Engine:
                  sandbox: bool = False, network: bool = False) -> dict[str, Any]:
         return self.runs.view_run(tid, command, timeout_ms, sandbox, network)
 
+    def git_commit(self, tid: str, message: str, author: str | None = None,
+                   branch: str | None = None, verify: bool = True, sign: bool | None = None
+                   ) -> dict[str, Any]:
+        """git's hooks before (in the staged view), the git effect staged, the commit, then
+        post-commit (participants/git_hooks.py, participants/git.py)."""
+        message, hooks = self.runs.git_hooks(tid, message, branch, verify)
+        self.staging.stage_effect(tid, "git", {"message": message, "author": author,
+                                               "branch": branch, "sign": sign})
+        out = self.commit(tid)
+        if out.get("commit"):
+            from ..participants.git_hooks import after_commit
+
+            after = after_commit(self.root, tid)
+            hooks += [after] if after else []
+        if hooks:
+            out["hooks"] = hooks
+        return out
+
     def checks_to_run(self, tx: Tx) -> list[dict[str, Any]]:
         return self.runs.checks_to_run(tx)
 

@@ -436,9 +436,11 @@ class Runs:
         return {**result, "captured": captured, "skipped": skipped}
 
     def view_run(self, tid: str, command: str | list[str], timeout_ms: int | None = None,
-                 sandbox: bool = False, network: bool = False) -> dict[str, Any]:
+                 sandbox: bool = False, network: bool = False,
+                 env: dict[str, str] | None = None) -> dict[str, Any]:
         """Run a command in the staged view to look around: output returned, nothing
-        captured, no check recorded. ``sandbox`` (and ``network``) as for ``stage_cmd``."""
+        captured, no check recorded. ``sandbox`` (and ``network``) as for ``stage_cmd``;
+        ``env``: the command's whole environment (default: ours)."""
         command = _command(command)
         _check_network(sandbox, network)
         tx = self._snapshot(tid)
@@ -446,10 +448,20 @@ class Runs:
         try:
             res = view.run(command, timeout_s=_timeout_s(timeout_ms),
                            log_path=self._log_path(tid, "look"), tail_bytes=64 * 1024,
-                           sandbox=sandbox, network=network)
+                           sandbox=sandbox, network=network, env=env)
         finally:
             view.close()
         return _result_json(res)
+
+    def git_hooks(self, tid: str, message: str, branch: str | None, verify: bool
+                  ) -> tuple[str, list[dict[str, Any]]]:
+        """git's hooks due before a git-commit of ``tid``, in its staged view
+        (participants/git_hooks.py): the message as they left it, and what ran."""
+        from ..participants import git_hooks
+
+        return git_hooks.before_commit(
+            self.root, self._snapshot(tid), message, branch, self.blobs.path, verify,
+            lambda argv, env, timeout_ms: self.view_run(tid, argv, timeout_ms, env=env))
 
     # -- staging what a run changed ------------------------------------------------------------
 

@@ -154,7 +154,8 @@ _REQUEST: tuple[Spec, ...] = (("method", _S, True, None), ("url", _S, True, None
 EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
     "http": _REQUEST,
     "git": (("message", _S, True, None), ("author", _S_N, False, None),  # participants/git.py
-            ("branch", _S, True, None), ("prefix", _S, True, None)),
+            ("branch", _S, True, None), ("prefix", _S, True, None),
+            ("sign", _B, False, None)),
 }
 # What a commit decision carries for the git participant's redo (participants/git.py).
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),

@@ -35,6 +35,7 @@ MARKER = "# agent-2pc pre-commit gate"
 MARKER_READ_BYTES = 4096
 GIT_TIMEOUT_S = 10.0
 FILES_SHOWN_MAX = 5    # per transaction, in the text of a refusal
+GIT_COMMIT_ENV = "AGENT2PC_GIT_COMMIT"  # set (to its tid) where git-commit runs git's hooks
 
 _SCRIPT = """\
 #!/bin/sh
@@ -273,9 +274,14 @@ def check(root_arg: str | None, missing_ok: bool = False) -> dict[str, Any]:
     The workspace is ``root_arg``, else $AGENT2PC_ROOT, else the nearest at or above the working
     directory. None there: not_initialized, or with ``missing_ok`` a pass with
     ``workspace: null`` (what the installed hook asks: a clone or a worktree without
-    .agent-tx/ has nothing in flight), except inside a staged view, which hides it."""
+    .agent-tx/ has nothing in flight), except inside a staged view, which hides it.
+    Run by the hooks of agent-2pc's own git-commit (GIT_COMMIT_ENV set): a pass, since that
+    commit holds exactly its transaction's changes, whatever else is in flight."""
     from ..storage.workspace import find_root
 
+    committing = os.environ.get(GIT_COMMIT_ENV)
+    if committing:  # git-commit runs the hooks: what it commits is exactly its transaction's
+        return {"in_flight": [], "workspace": None, "git_commit": committing}
     try:
         root = find_root(root_arg or os.environ.get("AGENT2PC_ROOT") or None)
     except NotInitialized as exc:

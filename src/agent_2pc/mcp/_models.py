@@ -251,6 +251,11 @@ class GitCommitIn(In):
         "The commit's author as \"Name <email>\"; default: git's user.name and user.email."))
     branch: str | None = Field(None, max_length=1024, description=(
         "The branch to commit onto; default: the branch HEAD is on."))
+    no_verify: bool = Field(False, description=(
+        "Skip the repository's pre-commit and commit-msg hooks (git commit --no-verify). Only "
+        "when the user asked for it: the hooks are the user's own checks."))
+    sign: bool | None = Field(None, description=(
+        "GPG-sign the commit; default: the repository's commit.gpgSign setting."))
 
 
 # -- outputs: transactions ---------------------------------------------------------------------
@@ -374,6 +379,8 @@ class CommitOut(Out):
 class GitCommitOut(CommitOut):
     commit: str = Field(description="The id of the git commit holding exactly its changes.")
     branch: str = Field(description="The branch now at that commit.")
+    hooks: list[dict[str, Any]] | None = Field(None, description=(
+        "The git hooks that ran ({hook, exit_code}), in order."))
 
 
 class AbortOut(Out):

@@ -399,16 +399,22 @@ TOOLS: tuple[ToolSpec, ...] = (
         "Like agent_2pc_commit, and in the same atomic step a git commit holding exactly the "
         "transaction's changes, on top of the branch's current commit (branch: default the one "
         "HEAD is on), with your message and author (\"Name <email>\"; default git's). The "
-        "user's other staged or modified files are neither committed nor lost. Returns {tid, "
-        "state: \"committed\", files, commit, branch}. Use it instead of running `git add` "
-        "and `git commit` yourself. A no is ok:false with state \"aborted\", as "
-        "agent_2pc_commit (conflict: a file changed meanwhile, or the branch was deleted; "
-        "commits others added to the branch meanwhile simply become the parent). Errors: usage "
+        "user's other staged or modified files are neither committed nor lost. The "
+        "repository's git hooks run as with `git commit` (pre-commit and commit-msg see the "
+        "repository as it will be after the commit); a failing hook is ok:false with code "
+        "verification_failed and its output: nothing is committed, the transaction stays "
+        "active, fix the cause and call again. Returns {tid, state: \"committed\", files, "
+        "commit, branch, hooks}. Use it instead of running `git add` and `git commit` "
+        "yourself. A no is ok:false with state \"aborted\", as agent_2pc_commit (conflict: a "
+        "file changed meanwhile, or the branch was deleted or moved while the commit was "
+        "made; commits others added to the branch before simply become the parent). Errors: "
+        "usage "
         "(detached HEAD: give branch; an unborn or missing branch; not a git work tree; the "
         "index is locked by a running git; git has no user.name/user.email: ask the user to "
         "set them), bad_state, unknown_tid.",
         m.GitCommitIn, (m.GitCommitOut,),
-        lambda rt, a: rt.tx(a.tid).git_commit(a.message, author=a.author, branch=a.branch),
+        lambda rt, a: rt.tx(a.tid).git_commit(a.message, author=a.author, branch=a.branch,
+                                              verify=not a.no_verify, sign=a.sign),
         ann(destructive=True)),
     ToolSpec(
         "agent_2pc_abort", "Abort the transaction",

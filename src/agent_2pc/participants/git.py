@@ -70,16 +70,23 @@ class GitParticipant:
     # -- staging (base.py: EffectStager) -----------------------------------------------------
 
     def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
-        unknown = set(args) - {"message", "author", "branch"}
+        unknown = set(args) - {"message", "author", "branch", "sign"}
         if unknown:
-            raise UsageError(f"a git commit takes message, author and branch, not "
+            raise UsageError(f"a git commit takes message, author, branch and sign, not "
                              f"{', '.join(sorted(unknown))}")
         message = _check_message(args.get("message"))
         author = _check_author(args.get("author"))
+        sign = args.get("sign")
+        if sign is not None and not isinstance(sign, bool):
+            raise UsageError("`sign` is true, false or absent (commit.gpgSign decides)",
+                             params=("sign",))
         repo = repository(self.root)
         branch = resolve_branch(self.root, args.get("branch"))
+        if sign is None:
+            sign = _git(["config", "--type=bool", "--default=false", "commit.gpgSign"],
+                        self.root) == "true"
         return {"message": message, "author": author, "branch": branch,
-                "prefix": repo["prefix"]}
+                "prefix": repo["prefix"], "sign": sign}
 
     def effect_fields(self, tid: str, n: int, checked: Any) -> EffectFields:
         return {"request": checked, "key": f"git-{tid}-{n}", "compensate": None}
@@ -334,23 +341,33 @@ def _mode(root: str, op: Op) -> int:
         return 0o644
 
 
-def build_commit(root: str, scratch: str, tx: Tx, request: dict[str, Any], old: str,
-                 blob_path: Callable[[str], str]) -> str:
-    """Write the commit of ``tx``'s changes on top of ``old``; return its id (NEW)."""
+def write_index(root: str, index: str, tx: Tx, prefix: str, base: str,
+                blob_path: Callable[[str], str]) -> dict[str, str]:
+    """Make ``index`` (a new file) hold ``base``'s tree with ``tx``'s changes; write their
+    blobs. Returns git's environment for that index."""
     from ..git.run import git_env, run
 
+    env = git_env(GIT_INDEX_FILE=index)
+    run(["read-tree", base], root, env=env)
+    run(["update-index", "-z", "--index-info"], root, env=env,
+        input=_index_lines(root, tx, prefix, blob_path, env))
+    return env
+
+
+def build_commit(root: str, scratch: str, tx: Tx, request: dict[str, Any], old: str,
+                 blob_path: Callable[[str], str]) -> str:
+    """Write the commit of ``tx``'s changes on top of ``old``; return its id (NEW). Signed
+    when the request says so (``sign``: --sign or commit.gpgSign, read at staging)."""
     os.makedirs(scratch, exist_ok=True)
     index = os.path.join(scratch, "git-index")
-    env = git_env(GIT_INDEX_FILE=index)
-    run(["read-tree", old], root, env=env)
-    run(["update-index", "-z", "--index-info"], root, env=env,
-        input=_index_lines(root, tx, request["prefix"], blob_path, env))
+    env = write_index(root, index, tx, request["prefix"], old, blob_path)
     tree = _git(["write-tree"], root, env=env)
     author = request.get("author")
     if author is not None:
         name, _, email = author.rpartition(" <")
         env.update(GIT_AUTHOR_NAME=name, GIT_AUTHOR_EMAIL=email[:-1])
-    new = _git(["commit-tree", tree, "-p", old, "-F", "-"], root, env=env,
+    sign = ["-S"] if request.get("sign") else []
+    new = _git(["commit-tree", *sign, tree, "-p", old, "-F", "-"], root, env=env,
                input=request["message"].encode("utf-8"))
     os.unlink(index)
     return new

@@ -71,7 +71,10 @@ def text_trust(r: dict[str, Any]) -> str:
 
 
 def run_begin(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return {"tid": ctx.client().begin(timeout_ms=args["timeout_ms"], label=args["label"]).tid}
+    tx = ctx.client().begin(timeout_ms=args["timeout_ms"], label=args["label"],
+                            git_branch=args["git_branch"])
+    return {"tid": tx.tid} if args["git_branch"] is None else \
+        {"tid": tx.tid, "git_branch": args["git_branch"]}
 
 
 def run_record_read(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -372,7 +375,9 @@ COMMANDS: tuple[Command, ...] = (
     Command("begin", "start a transaction and print its id", run_begin, (
         Opt("--timeout-ms", type=int_arg, metavar="N",
             help="abort it if not committed within N ms (default 24 h; 0: never)"),
-        Opt("--label", metavar="S", help="a note shown by status and list")),
+        Opt("--label", metavar="S", help="a note shown by status and list"),
+        Opt("--git-branch", metavar="B", help="bind it to git branch B: commit refuses if B "
+            "moved under its files; git-commit commits onto B")),
         extra={"text": text_begin}),
     Command("record-read", "remember a file's content hash; commit aborts if it changes",
             run_record_read, (TID, PATH), extra={"text": lambda r: f"{r['path']} "

@@ -1,6 +1,7 @@
 """run-batch: a JSON manifest of steps run as one transaction (docs/cli.md has the field table).
 
     {"label": "...", "timeout_ms": 30000,
+     "git_branch": "main", "git_commit": {"message": "...", "author": "N <E>"},
      "steps": [{"participant_id": "fs_route",
                 "intent": {"type": "fs_write", "path": "src/a.rs", "content": "...",
                            "create_dirs": true}},
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
 
 STEPS_MAX = 10_000
 ID_CHARS_MAX = 200
-MANIFEST_KEYS = ("label", "steps", "timeout_ms")
+MANIFEST_KEYS = ("label", "steps", "timeout_ms", "git_branch", "git_commit")
+GIT_COMMIT_KEYS = ("message", "author", "no_verify", "sign")
 STEP_KEYS = ("participant_id", "intent")
 _OCTAL = re.compile(r"[0-7]{1,8}")
 
@@ -205,8 +207,36 @@ def parse_manifest(data: bytes | str | dict[str, Any]) -> dict[str, Any]:
     label = data.get("label")
     if label is not None and (not isinstance(label, str) or len(label) > 200):
         raise _bad("must be a string of at most 200 characters", field="label")
-    return {"timeout_ms": timeout_ms, "label": label,
+    git_branch = data.get("git_branch")
+    if git_branch is not None and (not isinstance(git_branch, str) or not git_branch):
+        raise _bad("must be a branch name", field="git_branch")
+    return {"timeout_ms": timeout_ms, "label": label, "git_branch": git_branch,
+            "git_commit": _git_commit(data.get("git_commit")),
             "steps": [_parse_step(i, step) for i, step in enumerate(steps)]}
+
+
+def _git_commit(value: Any) -> dict[str, Any] | None:
+    """The manifest's ``git_commit``: end with git-commit ({message, author?, no_verify?,
+    sign?}) instead of commit."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad("must be an object {message, author?, no_verify?, sign?}",
+                   field="git_commit")
+    unknown = sorted(set(value) - set(GIT_COMMIT_KEYS))
+    if unknown:
+        raise _bad(f"does not take {', '.join(map(repr, unknown))} (it takes "
+                   f"{', '.join(GIT_COMMIT_KEYS)})", field="git_commit")
+    try:
+        out: dict[str, Any] = {"message": _nonempty(value.get("message", ""))}
+        if value.get("author") is not None:
+            out["author"] = _text(value["author"])
+        out["verify"] = not _flag(value.get("no_verify", False))
+        if value.get("sign") is not None:
+            out["sign"] = _flag(value["sign"])
+    except InputError as exc:
+        raise _bad(exc.message, field="git_commit") from None
+    return out
 
 
 def _parse_step(i: int, step: Any) -> dict[str, Any]:
@@ -326,7 +356,7 @@ def run_batch(client: Agent2PC, manifest: bytes | str | dict[str, Any]) -> dict[
     m = parse_manifest(manifest)
     _check_paths(client.root, m["steps"])
     deadline = time.monotonic() + m["timeout_ms"] / 1000 if m["timeout_ms"] else None
-    tx = client.begin(timeout_ms=m["timeout_ms"], label=m["label"])
+    tx = client.begin(timeout_ms=m["timeout_ms"], label=m["label"], git_branch=m["git_branch"])
     done: list[dict[str, Any]] = []
     for s in m["steps"]:
         i, kind, pid = s["index"], s["type"], s["participant_id"]
@@ -351,8 +381,16 @@ def run_batch(client: Agent2PC, manifest: bytes | str | dict[str, Any]) -> dict[
                 result={"tid": tx.tid, "state": "aborted", "steps": done}) from exc
         done.append({**row, "ok": True, "result": result})
     try:
-        out = tx.commit()
+        out = tx.git_commit(**m["git_commit"]) if m["git_commit"] else tx.commit()
     except TransactionAborted as exc:
         exc.details["result"] = {"tid": tx.tid, "state": "aborted", "steps": done}
         raise
-    return {"tid": tx.tid, "state": out["state"], "files": out["files"], "steps": done}
+    except Agent2PCError as exc:  # git-commit's hooks or bad input: it stays active, abort
+        if tx.state() == "active":
+            tx.abort(reason=f"git_commit failed: {exc.message}")
+        raise TransactionAborted(f"git_commit failed: {exc.message}; {tx.tid} was aborted",
+                                 code=exc.code, tid=tx.tid,
+                                 result={"tid": tx.tid, "state": "aborted", "steps": done}
+                                 ) from exc
+    git = {k: out[k] for k in ("commit", "branch", "hooks") if k in out}
+    return {"tid": tx.tid, "state": out["state"], "files": out["files"], "steps": done, **git}

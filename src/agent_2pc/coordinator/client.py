@@ -75,8 +75,13 @@ class Agent2PC:
         finally:
             engine.close()
 
-    def begin(self, timeout_ms: int | None = None, label: str | None = None) -> "Transaction":
-        return Transaction(self, self.engine.begin(timeout_ms=timeout_ms, label=label)["tid"])
+    def begin(self, timeout_ms: int | None = None, label: str | None = None,
+              git_branch: str | None = None) -> "Transaction":
+        """A new transaction. ``git_branch``: bind it to that git branch (the GitAdapter,
+        docs/git.md): its commit then refuses (``conflict``) when the branch moved under a
+        path the transaction touches, and ``git_commit`` commits onto it."""
+        return Transaction(self, self.engine.begin(timeout_ms=timeout_ms, label=label,
+                                                   git_branch=git_branch)["tid"])
 
     def get(self, tid: str, check: bool = True) -> "Transaction":
         """A handle on an existing transaction (checked: unknown ids raise UnknownTid).
@@ -86,11 +91,11 @@ class Agent2PC:
             self.engine.status(tid)
         return Transaction(self, tid)
 
-    def transaction(self, timeout_ms: int | None = None, label: str | None = None
-                    ) -> "_Scope":
+    def transaction(self, timeout_ms: int | None = None, label: str | None = None,
+                    git_branch: str | None = None) -> "_Scope":
         """``with client.transaction() as tx``: commit on a clean exit, abort on an exception
         (which propagates). A commit that is refused raises TransactionAborted."""
-        return _Scope(self, timeout_ms, label)
+        return _Scope(self, timeout_ms, label, git_branch)
 
     def recover(self) -> dict[str, Any]:
         return self.engine.recover()
@@ -280,14 +285,17 @@ class Transaction:
 
 
 class _Scope:
-    __slots__ = ("_client", "_timeout_ms", "_label", "_tx")
+    __slots__ = ("_client", "_timeout_ms", "_label", "_git_branch", "_tx")
 
-    def __init__(self, client: Agent2PC, timeout_ms: int | None, label: str | None) -> None:
+    def __init__(self, client: Agent2PC, timeout_ms: int | None, label: str | None,
+                 git_branch: str | None = None) -> None:
         self._client, self._timeout_ms, self._label = client, timeout_ms, label
+        self._git_branch = git_branch
         self._tx: Transaction | None = None
 
     def __enter__(self) -> Transaction:
-        self._tx = self._client.begin(timeout_ms=self._timeout_ms, label=self._label)
+        self._tx = self._client.begin(timeout_ms=self._timeout_ms, label=self._label,
+                                      git_branch=self._git_branch)
         return self._tx
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

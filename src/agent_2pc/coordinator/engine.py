@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from ..core.records import now_ms as now_ms
 from ..core.states import ABORTED, ACTIVE, COMMITTED, IN_FLIGHT
-from ..errors import NotInitialized, TransactionAborted
+from ..errors import NotInitialized, TransactionAborted, UsageError
 from ..participants.registry import participants_for
 from ..storage.blobs import BlobStore
 from ..storage.workspace import Layout, check_intact, is_workspace
@@ -80,8 +80,17 @@ class Engine:
 
     # -- the protocol ------------------------------------------------------------------------
 
-    def begin(self, timeout_ms: int | None = None, label: str | None = None) -> dict[str, Any]:
-        return self.twophase.begin(timeout_ms, label)
+    def begin(self, timeout_ms: int | None = None, label: str | None = None,
+              git_branch: str | None = None) -> dict[str, Any]:
+        """A new transaction; with ``git_branch``, bound to that branch (participants/git.py:
+        prepare checks that it did not move under the transaction's paths, and git-commit
+        commits onto it). The branch is checked before anything is logged."""
+        if git_branch is None:
+            return self.twophase.begin(timeout_ms, label)
+        checked = self.staging.check_effect("git-branch", {"branch": git_branch})
+        out = self.twophase.begin(timeout_ms, label)
+        bound = self.staging.log_effect(out["tid"], "git-branch", checked)
+        return {**out, "git_branch": bound["branch"], "base": bound["base"]}
 
     def commit(self, tid: str) -> dict[str, Any]:
         with self.gate.locked(tid) as tx:
@@ -224,6 +233,15 @@ class Engine:
                    ) -> dict[str, Any]:
         """git's hooks before (in the staged view), the git effect staged, the commit, then
         post-commit (participants/git_hooks.py, participants/git.py)."""
+        from ..participants.git import bound_branch
+
+        binding = bound_branch(self.runs.snapshot(tid))
+        if binding is not None:
+            if branch not in (None, binding["branch"]):
+                raise UsageError(f"{tid} was begun on the branch {binding['branch']} "
+                                 f"(begin --git-branch): git-commit commits onto it, not "
+                                 f"onto {branch}", params=("branch",))
+            branch = binding["branch"]
         message, hooks = self.runs.git_hooks(tid, message, branch, verify)
         self.staging.stage_effect(tid, "git", {"message": message, "author": author,
                                                "branch": branch, "sign": sign})

@@ -145,7 +145,7 @@ class Runs:
 
     # -- the view ----------------------------------------------------------------------------
 
-    def _snapshot(self, tid: str) -> Tx:
+    def snapshot(self, tid: str) -> Tx:
         """The transaction's state, checked active, read under its lock (then released)."""
         with self.gate.active(tid) as tx:
             return tx
@@ -215,7 +215,7 @@ class Runs:
         if extra_env:
             options["env"] = extra_env
         _recordable([command, options], "the command (or a glob, or env)")
-        tx = self._snapshot(tid)
+        tx = self.snapshot(tid)
         result, staged = self._run_check(tx, command, options, timeout_s, select)
         out = {**result, "promoted": staged}
         if not result["passed"]:
@@ -300,7 +300,7 @@ class Runs:
         command = _command(argv)
         timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
         _check_network(sandbox, network)
-        tx = self._snapshot(tid)
+        tx = self.snapshot(tid)
         view = self._view(tx, tier)
         try:
             if interactive:  # for recover, should we die during a terminal session
@@ -396,7 +396,7 @@ class Runs:
         from . import kept
 
         tx_dir = self.layout.tx_dir(tid)
-        tx = self._snapshot(tid)
+        tx = self.snapshot(tid)
         manifest, changes = kept.load(tx_dir, tid)
         kept.check_fits(manifest, tx, fingerprint(tx))
         captured, skipped = self._stage_captured(tid, changes, manifest["skipped"], "exec")
@@ -415,7 +415,7 @@ class Runs:
         from ..isolation.wasi import run_wasm
 
         timeout_s = None if timeout_ms is None else _timeout_s(timeout_ms)
-        tx = self._snapshot(tid)
+        tx = self.snapshot(tid)
         view = self._view(tx)
         try:
             res = run_wasm(view, module, list(args or []), fuel=fuel,
@@ -443,7 +443,7 @@ class Runs:
         ``env``: the command's whole environment (default: ours)."""
         command = _command(command)
         _check_network(sandbox, network)
-        tx = self._snapshot(tid)
+        tx = self.snapshot(tid)
         view = self._view(tx)
         try:
             res = view.run(command, timeout_s=_timeout_s(timeout_ms),
@@ -460,7 +460,7 @@ class Runs:
         from ..participants import git_hooks
 
         return git_hooks.before_commit(
-            self.root, self._snapshot(tid), message, branch, self.blobs.path, verify,
+            self.root, self.snapshot(tid), message, branch, self.blobs.path, verify,
             lambda argv, env, timeout_ms: self.view_run(tid, argv, timeout_ms, env=env))
 
     # -- staging what a run changed ------------------------------------------------------------

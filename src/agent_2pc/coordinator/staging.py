@@ -409,8 +409,15 @@ class Staging:
         """Stage one remote effect of ``kind`` (e.g. an HTTP call) for the participant that
         owns the kind (participants/base.py, EffectStager): it checks ``args`` completely
         before anything is logged, then gives the ``effect`` record's fields; one append."""
+        return self.log_effect(tid, kind, self.check_effect(kind, args))
+
+    def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
+        """The owning participant's check of an effect's ``args`` (nothing logged)."""
+        return self._effect_stager(kind).check_effect(kind, args)
+
+    def log_effect(self, tid: str, kind: str, checked: Any) -> dict[str, Any]:
+        """Log an effect that ``check_effect`` passed; its staged answer."""
         stager = self._effect_stager(kind)
-        checked = stager.check_effect(kind, args)
         with self.gate.active(tid) as tx:
             n = len(tx.effects)
             rec = log_records.effect(tid, n=n, kind=kind, **stager.effect_fields(tid, n, checked))

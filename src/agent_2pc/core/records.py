@@ -156,6 +156,8 @@ EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
     "git": (("message", _S, True, None), ("author", _S_N, False, None),  # participants/git.py
             ("branch", _S, True, None), ("prefix", _S, True, None),
             ("sign", _B, False, None)),
+    "git-branch": (("branch", _S, True, None), ("base", _S, True, None),  # begin --git-branch
+                   ("prefix", _S, True, None)),
 }
 # What a commit decision carries for the git participant's redo (participants/git.py).
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),

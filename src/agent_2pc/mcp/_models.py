@@ -62,6 +62,9 @@ class BeginIn(In):
         "Abort the transaction if it is not committed within this many milliseconds "
         "(default 24 hours; 0: never)."))
     label: str | None = Field(None, max_length=200, description="A note shown by status.")
+    git_branch: str | None = Field(None, max_length=1024, description=(
+        "Bind the transaction to this git branch: its commit is refused (conflict) if the "
+        "branch moves under a file it touches, and agent_2pc_git_commit commits onto it."))
 
 
 class TidIn(In):

@@ -252,7 +252,8 @@ TOOLS: tuple[ToolSpec, ...] = (
         "agent_2pc_commit (or agent_2pc_abort). Errors: not_initialized (the repository has no "
         "workspace: ask the user to run `agent-2pc init`).",
         m.BeginIn, (m.BeginOut,),
-        lambda rt, a: {"tid": rt.client().begin(timeout_ms=a.timeout_ms, label=a.label).tid},
+        lambda rt, a: {"tid": rt.client().begin(timeout_ms=a.timeout_ms, label=a.label,
+                                                git_branch=a.git_branch).tid},
         ann(), quick=True),
     ToolSpec(
         "agent_2pc_record_read", "Record a read",

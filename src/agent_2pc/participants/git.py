@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from .base import Context, EffectFields
 
 KIND = "git"
+BRANCH_KIND = "git-branch"  # begin --git-branch: the transaction's target branch, at begin
 MESSAGE_BYTES_MAX = 1 << 20
 ZERO_SHA = "0" * 40
 
@@ -58,7 +59,7 @@ class GitParticipant:
     """A git commit of the transaction's changes (participants/base.py: the protocol)."""
 
     name = "git"
-    kinds = frozenset({KIND})
+    kinds = frozenset({KIND, BRANCH_KIND})
 
     def __init__(self, root: str, scratch_of: Callable[[str], str], blobs: BlobStore) -> None:
         self.root = root
@@ -70,6 +71,8 @@ class GitParticipant:
     # -- staging (base.py: EffectStager) -----------------------------------------------------
 
     def check_effect(self, kind: str, args: dict[str, Any]) -> Any:
+        if kind == BRANCH_KIND:
+            return self._check_binding(args)
         unknown = set(args) - {"message", "author", "branch", "sign"}
         if unknown:
             raise UsageError(f"a git commit takes message, author, branch and sign, not "
@@ -88,11 +91,22 @@ class GitParticipant:
         return {"message": message, "author": author, "branch": branch,
                 "prefix": repo["prefix"], "sign": sign}
 
+    def _check_binding(self, args: dict[str, Any]) -> dict[str, str]:
+        """begin --git-branch B: B's commit now is the base that prepare compares with."""
+        if set(args) != {"branch"}:
+            raise UsageError("a git branch binding takes `branch` only")
+        repo = repository(self.root, index_free=False)
+        branch = resolve_branch(self.root, args["branch"], params=("git_branch",))
+        base = _git(["rev-parse", "--verify", f"refs/heads/{branch}^{{commit}}"], self.root)
+        return {"branch": branch, "base": base, "prefix": repo["prefix"]}
+
     def effect_fields(self, tid: str, n: int, checked: Any) -> EffectFields:
         return {"request": checked, "key": f"git-{tid}-{n}", "compensate": None}
 
     def staged_answer(self, effect: dict[str, Any]) -> dict[str, Any]:
         request = effect["request"]
+        if effect.get("kind") == BRANCH_KIND:
+            return {"n": effect["n"], "branch": request["branch"], "base": request["base"]}
         return {"n": effect["n"], "branch": request["branch"], "author": request["author"]}
 
     # -- the participant protocol (base.py) --------------------------------------------------
@@ -103,15 +117,43 @@ class GitParticipant:
         return asks[-1]["request"] if asks else None
 
     def prepare(self, tx: Tx, ctx: Context) -> Vote:
-        request = self.commit_request(tx)
-        if request is None:
+        binding, request = bound_branch(tx), self.commit_request(tx)
+        if binding is None and request is None:
             return YES
         from ..git.run import GitError
 
         try:
-            return self._prepare(tx, request)
+            if binding is not None:
+                vote = self._unmoved_under(tx, binding)
+                if not vote.yes:
+                    return vote
+            return YES if request is None else self._prepare(tx, request)
         except (OSError, ValueError, GitError, UsageError) as exc:  # raising is voting no
             return Vote.no("prepare_failed", f"the git commit could not be made: {exc}")
+
+    def _unmoved_under(self, tx: Tx, binding: dict[str, str]) -> Vote:
+        """begin --git-branch: yes when the branch is where it was at begin, or when what moved
+        it changed none of the paths the transaction touches (writes, deletes, reads)."""
+        branch, base, prefix = binding["branch"], binding["base"], binding["prefix"]
+        now = _git(["rev-parse", "-q", "--verify", f"refs/heads/{branch}^{{commit}}"],
+                   self.root, check=False)
+        if not now:
+            return Vote.no("conflict", f"the branch {branch} is gone since the transaction "
+                           "began on it")
+        if now == base:
+            return YES
+        from ..git.run import run
+
+        out = run(["diff", "--no-renames", "--name-only", "-z", base, now], self.root).stdout
+        moved = [os.fsdecode(p) for p in out.split(b"\0") if p]
+        touched = {prefix + op.path for op in tx.changes()} | {prefix + r[0] for r in tx.reads}
+        hit = sorted(p for p in moved for t in touched
+                     if p == t or p.startswith(t + "/") or t.startswith(p + "/"))
+        if hit:
+            return Vote.no("conflict", f"the branch {branch} moved since the transaction began "
+                           f"on it ({base[:12]} -> {now[:12]}) and changed {hit[0]}, which the "
+                           "transaction touches")
+        return YES
 
     def _prepare(self, tx: Tx, request: dict[str, Any]) -> Vote:
         ref = "refs/heads/" + request["branch"]
@@ -182,11 +224,20 @@ class GitParticipant:
             self.forget(tid)
 
     def describe(self, tx: Tx) -> dict[str, Any]:
-        request = self.commit_request(tx)
-        if request is None:
-            return {}
-        return {"git": {"branch": request["branch"], "author": request["author"],
-                        "message": request["message"].split("\n", 1)[0]}}
+        out: dict[str, Any] = {}
+        binding, request = bound_branch(tx), self.commit_request(tx)
+        if binding is not None:
+            out["git_branch"] = {"branch": binding["branch"], "base": binding["base"]}
+        if request is not None:
+            out["git"] = {"branch": request["branch"], "author": request["author"],
+                          "message": request["message"].split("\n", 1)[0]}
+        return out
+
+
+def bound_branch(tx: Tx) -> dict[str, str] | None:
+    """The branch ``tx`` was begun on (begin --git-branch), with its commit then, if any."""
+    binds = [eff for eff in tx.effects if eff.get("kind") == BRANCH_KIND]
+    return binds[0]["request"] if binds else None
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -216,9 +267,9 @@ def _check_author(author: Any) -> str | None:
     return author
 
 
-def repository(root: str) -> dict[str, str]:
+def repository(root: str, index_free: bool = True) -> dict[str, str]:
     """{git_dir, prefix} of the work tree at ``root``; UsageError when there is none, when it
-    is bare, or when its index is locked."""
+    is bare, or (``index_free``) when its index is locked."""
     from ..git.run import GitError
 
     try:
@@ -231,25 +282,25 @@ def repository(root: str) -> dict[str, str]:
     except GitError as exc:
         raise UsageError(f"{root} is not in a git work tree ({exc})", root=root) from None
     index_lock = os.path.join(lines[1], "index.lock")
-    if os.path.exists(index_lock):
+    if index_free and os.path.exists(index_lock):
         raise UsageError(f"{index_lock} exists: another git process is working in this "
                          "repository (or one crashed: remove the file if none is running)",
                          root=root)
     return {"git_dir": lines[1], "prefix": prefix}
 
 
-def resolve_branch(root: str, branch: Any) -> str:
+def resolve_branch(root: str, branch: Any, params: tuple[str, ...] = ("branch",)) -> str:
     """The short name of the branch to commit onto: ``branch``, else the one HEAD is on. It
     must exist and have a commit; git must know who commits (user.name, user.email)."""
     if branch is None:
         head = _git(["symbolic-ref", "-q", "HEAD"], root, check=False)
         if not head.startswith("refs/heads/"):
             raise UsageError("HEAD is detached: name the branch to commit onto (`branch`)",
-                             params=("branch",))
+                             params=params)
         branch = head[len("refs/heads/"):]
     elif not isinstance(branch, str) or not branch or branch.startswith("-") or \
             _ref_format_bad(root, branch):
-        raise UsageError(f"{branch!r} is not a branch name", params=("branch",))
+        raise UsageError(f"{branch!r} is not a branch name", params=params)
     ref = "refs/heads/" + branch
     if not _git(["rev-parse", "-q", "--verify", ref + "^{commit}"], root, check=False):
         exists = _git(["show-ref", "--verify", "-q", ref], root, check=False)
@@ -257,11 +308,11 @@ def resolve_branch(root: str, branch: Any) -> str:
         raise UsageError(
             f"the branch {branch} has no commit yet (an unborn branch): make a first commit "
             "with git itself" if unborn and not exists else
-            f"there is no branch {branch}", params=("branch",))
+            f"there is no branch {branch}", params=params)
     elsewhere = _checked_out_elsewhere(root, ref)
     if elsewhere:
         raise UsageError(f"the branch {branch} is checked out in the worktree {elsewhere}: "
-                         "commit there, or onto another branch", params=("branch",))
+                         "commit there, or onto another branch", params=params)
     from ..git.run import GitError
 
     try:

@@ -101,13 +101,14 @@ export function errorFromAnswer(answer: Record<string, unknown>, exitCode?: numb
   const raw = (answer.error ?? {}) as Record<string, unknown>;
   const code = typeof raw.code === "string" ? raw.code : "internal";
   const message = typeof raw.message === "string" ? raw.message : `agent-2pc failed (${code})`;
-  const tid = typeof answer.tid === "string" ? answer.tid : undefined;
+  const tid = typeof answer.tid === "string" ? answer.tid
+    : typeof raw.tid === "string" ? raw.tid : undefined;
   const details: Record<string, unknown> = {};
   for (const [k, v] of Object.entries(answer)) {
     if (k !== "ok" && k !== "error" && k !== "tid") details[k] = v;
   }
   for (const [k, v] of Object.entries(raw)) {
-    if (k !== "code" && k !== "message") details[k] = v;
+    if (k !== "code" && k !== "message" && k !== "tid") details[k] = v;
   }
   let exit: ExitCode;
   if (exitCode === 1 || exitCode === 2) exit = exitCode;

@@ -11,7 +11,7 @@ import { stat } from "node:fs/promises";
 import { resolve } from "node:path";
 
 import { errorFromAnswer, InputError, TransportError, WorkspaceError } from "./errors.js";
-import type { Answer, Operation, Params, ParamValue, Transport } from "./transport.js";
+import type { Answer, Env, Operation, Params, ParamValue, Transport } from "./transport.js";
 
 export interface CliTransportOptions {
   /** The agent-2pc executable (default: $AGENT2PC_BIN, else `agent-2pc` on the PATH). */
@@ -19,7 +19,7 @@ export interface CliTransportOptions {
   /** The workspace: the one at or above this directory. */
   root?: string | undefined;
   /** The environment of the CLI (default: this process's). */
-  env?: NodeJS.ProcessEnv | undefined;
+  env?: Env | undefined;
 }
 
 /** The library's operation -> the CLI command, where the names differ. */
@@ -31,7 +31,7 @@ const STDIN_PARAMS = new Set(["content", "patch"]);
 export class CliTransport implements Transport {
   readonly bin: string;
   readonly root: string | undefined;
-  private readonly env: NodeJS.ProcessEnv;
+  private readonly env: Env;
 
   constructor(options: CliTransportOptions = {}) {
     const env = options.env ?? process.env;

@@ -15,7 +15,7 @@ import type {
   PatchResult, ReadResult, RecoverResult, ReplaceResult, SavepointResult, StatusResult,
   TransactionRow, TransactionState, WriteResult,
 } from "./results.js";
-import type { Answer, Operation, Params, Transport } from "./transport.js";
+import type { Answer, Env, Operation, Params, Transport } from "./transport.js";
 
 export interface Agent2PCOptions {
   /** The workspace at or above this directory (default: $AGENT2PC_ROOT, else the working
@@ -25,7 +25,7 @@ export interface Agent2PCOptions {
    * `agent-2pc` on the PATH). */
   bin?: string;
   /** The CLI's environment (default: this process's). */
-  env?: NodeJS.ProcessEnv;
+  env?: Env;
   /** Another way to reach agent-2pc (default: a CliTransport). */
   transport?: Transport;
 }

@@ -5,7 +5,7 @@ export type {
 } from "./client.js";
 export { CliTransport } from "./cli-transport.js";
 export type { CliTransportOptions } from "./cli-transport.js";
-export type { Answer, Operation, Params, ParamValue, Transport } from "./transport.js";
+export type { Answer, Env, Operation, Params, ParamValue, Transport } from "./transport.js";
 export {
   Agent2PCError, CheckFailed, errorFromAnswer, FenceRefusal, InputError, Refusal,
   TransactionAborted, TransportError, UnknownOutcome, WorkspaceError,

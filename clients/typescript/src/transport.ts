@@ -21,6 +21,9 @@ export type ParamValue =
   | undefined;
 export type Params = Record<string, ParamValue>;
 
+/** An environment for the CLI (variables to values), as process.env. */
+export type Env = Record<string, string | undefined>;
+
 /** The success answer of a step: the CLI's --json object without `ok`. */
 export type Answer = Record<string, unknown>;
 

@@ -19,8 +19,9 @@ await session.commit();
 `;
 
 // The project's test, run by the example's `npm run test` in the staged view: it passes only
-// if it sees the staged file, which the real tree does not have yet.
+// if it sees the staged file, which the real tree does not have yet (and fails on demand).
 const CHECK = `import { readFileSync } from "node:fs";
+if (process.env.CHECK_FAILS) process.exit(1);
 if (readFileSync("src/routes.ts", "utf8") !== "// Route Handlers") process.exit(1);
 `;
 
@@ -69,7 +70,7 @@ test("npm pack holds the built ESM with its type declarations and nothing else",
   assert.deepEqual(Object.keys(manifest.dependencies ?? {}), [], "no runtime dependencies");
 });
 
-test("the product's example runs verbatim from the installed tarball and commits", async (t) => {
+test("the product's example runs verbatim from the installed tarball: a failing check stops it, a passing one commits", async (t) => {
   const { tarball } = pack(t);
   const root = workspace(t, {
     "package.json": JSON.stringify({ name: "app", private: true, scripts: { test: "node check.mjs" } }),
@@ -79,14 +80,30 @@ test("the product's example runs verbatim from the installed tarball and commits
   execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--ignore-scripts", tarball],
     { cwd: root, stdio: "ignore" });
   writeFileSync(join(root, "example.mjs"), EXAMPLE);
+  // The CLI is found on the PATH, the workspace from the working directory.
   const env = { ...process.env, PATH: `${dirname(cliBin())}:${process.env.PATH}` };
   delete env.AGENT2PC_BIN;
   delete env.AGENT2PC_ROOT;
+
+  // `npm run test` fails (the check inherits the environment): CheckFailed, nothing written.
+  writeFileSync(join(root, "run-failing.mjs"), `import { CheckFailed } from "agent-2pc";
+try { await import("./example.mjs"); } catch (err) {
+  console.log(JSON.stringify({ name: err.name, code: err.code, exitCode: err.exitCode,
+    checkFailed: err instanceof CheckFailed }));
+}
+`);
+  const out = execFileSync(process.execPath, ["run-failing.mjs"],
+    { cwd: root, env: { ...env, CHECK_FAILS: "1" }, encoding: "utf8" });
+  assert.deepEqual(JSON.parse(out), {
+    name: "CheckFailed", code: "verification_failed", exitCode: 1, checkFailed: true,
+  });
   assert.equal(read(root, "src/routes.ts"), null);
+
+  // It passes, and only in the staged view (the tree has no src/routes.ts): committed.
   execFileSync(process.execPath, ["example.mjs"], { cwd: root, env, stdio: "pipe" });
   assert.equal(read(root, "src/routes.ts"), "// Route Handlers");
   const list = JSON.parse(execFileSync(cliBin(), ["list", "--json", "--root", root], { encoding: "utf8" }));
-  assert.deepEqual(list.transactions.map((r) => r.state), ["committed"]);
+  assert.deepEqual(list.transactions.map((r) => r.state).sort(), ["active", "committed"]);
 
   // The bundled declarations type-check a consumer on their own (strict, no @types/node),
   // and they are precise: the @ts-expect-error line must be an error.
@@ -104,27 +121,4 @@ test("the product's example runs verbatim from the installed tarball and commits
   } catch (err) {
     assert.fail(`the consumer does not type-check:\n${err.stdout}`);
   }
-});
-
-test("the example with a failing `npm run test`: CheckFailed (verification_failed), nothing written", async (t) => {
-  const { tarball } = pack(t);
-  const root = workspace(t, {
-    "package.json": JSON.stringify({ name: "app", private: true, scripts: { test: "exit 1" } }),
-  });
-  execFileSync("npm", ["install", "--offline", "--no-audit", "--no-fund", "--ignore-scripts", tarball],
-    { cwd: root, stdio: "ignore" });
-  writeFileSync(join(root, "example.mjs"), `import { CheckFailed } from "agent-2pc";
-try { await import("./verbatim.mjs"); } catch (err) {
-  console.log(JSON.stringify({ name: err.name, code: err.code, exitCode: err.exitCode,
-    checkFailed: err instanceof CheckFailed }));
-}
-`);
-  writeFileSync(join(root, "verbatim.mjs"), EXAMPLE);
-  const env = { ...process.env, AGENT2PC_BIN: cliBin() };
-  delete env.AGENT2PC_ROOT;
-  const out = execFileSync(process.execPath, ["example.mjs"], { cwd: root, env, encoding: "utf8" });
-  assert.deepEqual(JSON.parse(out), {
-    name: "CheckFailed", code: "verification_failed", exitCode: 1, checkFailed: true,
-  });
-  assert.equal(read(root, "src/routes.ts"), null);
 });

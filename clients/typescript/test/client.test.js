@@ -1,6 +1,7 @@
 // The client against a real workspace through the real CLI (the transport with no daemon).
 import assert from "node:assert/strict";
-import { readFileSync, statSync } from "node:fs";
+import { readFileSync, statSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
 import { describe, it } from "node:test";
 
 import {
@@ -199,5 +200,66 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
     });
     await assert.rejects(new Agent2PC({ root: `${root}/absent`, bin: cliBin() }).begin(),
       { code: "not_initialized", exitCode: 2 });
+  });
+});
+
+describe("the rest of the surface", { concurrency: 3 }, () => {
+  it("stageCommand's options reach the check: env, workingDir, promote, limits", async (t) => {
+    const root = workspace(t, { "sub/x.txt": "x\n" });
+    const tx = await open(root).begin();
+    const env = await tx.stageCommand('test "$GREETING" = hello', { env: { GREETING: "hello" } });
+    assert.equal(env.passed, true);
+    const dir = await tx.stageCommand("test -f x.txt", { workingDir: "sub", timeoutMs: 20000 });
+    assert.equal(dir.passed, true);
+    await tx.stageCommand("echo made > out.gen", { promote: ["*.gen"] });
+    assert.deepEqual((await tx.diff()).files.map((f) => f.path), ["out.gen"], "promoted");
+    const governed = await tx.stageCommand("true", { limits: { max_runtime_ms: 20000 } });
+    assert.equal(governed.tripped, null, "a governed run answers `tripped`");
+    const tripped = await tx.stageCommand("sleep 5", { limits: { max_runtime_ms: 200 } })
+      .then(() => assert.fail("the limit did not trip"), (e) => e);
+    assert.ok(tripped instanceof CheckFailed, `${tripped}`);
+    assert.equal(tripped.code, "limit_exceeded");
+    assert.equal(tripped.result.tripped, "max_runtime_ms");
+    await tx.abort();
+  });
+
+  it("exec stages what a command changed; a failing one stages nothing", async (t) => {
+    const root = workspace(t, { "old.txt": "old\n" });
+    const tx = await open(root).begin();
+    const run = await tx.exec(["sh", "-c", "echo new > new.txt && rm old.txt"]);
+    assert.deepEqual(run.captured.map((c) => [c.path, c.op]).sort(),
+      [["new.txt", "write"], ["old.txt", "delete"]]);
+    await assert.rejects(tx.exec(["sh", "-c", "echo bad > bad.txt; exit 4"]),
+      (err) => err instanceof CheckFailed && err.code === "command_failed" && err.exitCode === 1);
+    assert.deepEqual((await tx.diff()).files.map((f) => f.path).sort(), ["new.txt", "old.txt"]);
+    await tx.commit();
+    assert.deepEqual(snapshot(root), { "new.txt": "new\n" });
+  });
+
+  it("status, transactions, recover, compact and Agent2PC.init answer the CLI's objects", async (t) => {
+    const root = workspace(t);
+    const client = await Agent2PC.init(root, { bin: cliBin() });
+    const live = await client.begin({ label: "live" });
+    const done = await client.begin();
+    await done.abort();
+    assert.deepEqual((await client.status()).transactions.map((r) => r.tid), [live.tid]);
+    assert.equal((await client.status(live.tid)).transactions[0].label, "live");
+    assert.deepEqual((await client.transactions("aborted")).map((r) => r.tid), [done.tid]);
+    const recovered = await client.recover();
+    assert.deepEqual(recovered.rolled_forward, []);
+    assert.ok(Array.isArray(recovered.rolled_back));
+    assert.equal(typeof (await client.compact()).after_bytes, "number");
+    assert.equal(await live.state(), "active");
+  });
+
+  it("a CLI that dies without its answer is a TransportError", async (t) => {
+    const root = workspace(t);
+    const fake = join(root, "dying-cli");
+    writeFileSync(fake, "#!/bin/sh\necho 'Traceback: boom' >&2\nexit 1\n", { mode: 0o755 });
+    await assert.rejects(new Agent2PC({ root, bin: fake }).begin(), (err) => {
+      assert.ok(err instanceof TransportError, `${err}`);
+      assert.match(err.message, /exited with status 1 without a JSON answer: Traceback: boom/);
+      return true;
+    });
   });
 });

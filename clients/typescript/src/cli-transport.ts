@@ -135,6 +135,7 @@ function answerOf(run: Run, argv: string[]): Answer {
  * named as the parameters with dashes. `--name=value` keeps a value that starts with a dash
  * a value. */
 export function toArgv(op: Operation, params: Params): { argv: string[]; input?: Uint8Array } {
+  for (const [name, value] of Object.entries(params)) checkText(name, value);
   let command = COMMANDS[op] ?? op.replaceAll("_", "-");
   const argv: string[] = [];
   let input: Uint8Array | undefined;
@@ -160,6 +161,25 @@ export function toArgv(op: Operation, params: Params): { argv: string[]; input?:
   argv.unshift(command, "--json");
   if (rest !== undefined) argv.push("--", ...rest);
   return input === undefined ? { argv } : { argv, input };
+}
+
+/** Text goes to agent-2pc as UTF-8, which a lone surrogate ("\uD800") is not: refused, as the
+ * Python library refuses it, rather than silently sent as U+FFFD. */
+function checkText(name: string, value: ParamValue): void {
+  const texts = typeof value === "string" ? [value]
+    : Array.isArray(value) ? value
+    : value && typeof value === "object" && !(value instanceof Uint8Array)
+      ? Object.entries(value).flat().map(String) : [];
+  for (const text of texts) {
+    const at = text.search(/\p{Cs}/u);
+    if (at >= 0) {
+      throw new InputError({
+        code: "usage", exitCode: 2,
+        message: `\`${name}\` is not Unicode text (a lone surrogate at ${at})` +
+          (name === "content" || name === "patch" ? "; pass bytes" : ""),
+      });
+    }
+  }
 }
 
 function option(name: string, value: string | number): string {

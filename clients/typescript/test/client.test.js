@@ -140,6 +140,8 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
       [() => tx.stageReplace("a.txt", "same", "x"), "ambiguous_match"],
       [() => tx.stagePatch("not a diff"), "invalid_patch"],
       [() => tx.stageReplace("a.txt", "a\0b", "x"), "usage"],
+    [() => tx.stageWrite("a.txt", "lone \ud800 surrogate"), "usage"],
+    [() => tx.stageWrite("b\udfff.txt", "x"), "usage"],
     ];
     for (const [step, code] of cases) {
       await assert.rejects(step(), (err) => {
@@ -250,6 +252,26 @@ describe("the rest of the surface", { concurrency: 3 }, () => {
     assert.ok(Array.isArray(recovered.rolled_back));
     assert.equal(typeof (await client.compact()).after_bytes, "number");
     assert.equal(await live.state(), "active");
+  });
+
+  it("parallel transactions from one process: disjoint ones all commit, a lost update is a conflict", async (t) => {
+    const root = workspace(t, { "counter.txt": "0\n" });
+    const client = open(root);
+    const txs = await Promise.all([0, 1, 2, 3].map(() => client.begin()));
+    await Promise.all(txs.map((tx, i) => tx.stageWrite(`part${i}.txt`, `${i}\n`)));
+    const bumps = await Promise.all([client.begin(), client.begin()]);
+    for (const tx of bumps) {
+      await tx.recordRead("counter.txt");
+      await tx.stageWrite("counter.txt", "1\n");
+    }
+    const results = await Promise.allSettled([...txs, ...bumps].map((tx) => tx.commit()));
+    assert.deepEqual(results.slice(0, 4).map((r) => r.status), Array(4).fill("fulfilled"));
+    const outcome = results.slice(4).map((r) => r.status === "fulfilled" ? "committed" : r.reason.code);
+    assert.deepEqual(outcome.sort(), ["committed", "conflict"]);
+    assert.deepEqual(snapshot(root), {
+      "counter.txt": "1\n", "part0.txt": "0\n", "part1.txt": "1\n", "part2.txt": "2\n",
+      "part3.txt": "3\n",
+    });
   });
 
   it("a CLI that dies without its answer is a TransportError", async (t) => {

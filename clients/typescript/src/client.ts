@@ -102,9 +102,11 @@ export class Agent2PC {
     try {
       value = await body(tx);
     } catch (err) {
-      if (await tx.state() === "active") {
-        const reason = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
-        await tx.abort(reason.slice(0, 500));
+      const reason = err instanceof Error ? `${err.name}: ${err.message}` : String(err);
+      try {
+        if (await tx.state() === "active") await tx.abort(reason.slice(0, 500));
+      } catch {
+        // The body's error is the one to see; a transaction left active times out.
       }
       throw err;
     }

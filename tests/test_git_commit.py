@@ -415,3 +415,24 @@ def test_a_git_decision_or_effect_of_the_wrong_shape_is_a_bad_record() -> None:
               "request": {"message": "m", "author": None, "branch": "main", "prefix": ""}}
     assert shape_problem(effect) is None
     assert "'branch'" in (shape_problem({**effect, "request": {"message": "m"}}) or "")
+
+
+def test_new_files_git_ignores_land_on_disk_but_not_in_the_commit(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    (repo / ".gitignore").write_text("build/\n*.log\n")
+    git(repo, "add", ".gitignore")
+    git(repo, "commit", "-q", "-m", "ignore build/ and logs", "--", ".gitignore")
+    (repo / "tracked.log").write_text("tracked before the rule\n")
+    git(repo, "add", "-f", "tracked.log")
+    git(repo, "commit", "-q", "-m", "a tracked log", "--", "tracked.log")
+    tx = Agent2PC(repo).begin()
+    tx.exec(["sh", "-c", "mkdir -p build && echo obj > build/out.o && echo new > run.log && "
+                         "echo more >> tracked.log && echo src > src.c"])
+    out = tx.git_commit("build")
+    assert out["git_ignored"] == ["build/out.o", "run.log"], out
+    assert sorted(changed_in(repo, out["commit"])) == ["A\tsrc.c", "M\ttracked.log"]
+    assert (repo / "build" / "out.o").read_text() == "obj\n"  # the files all landed
+    assert (repo / "run.log").exists()
+    assert git(repo, "status", "--porcelain", "src.c", "tracked.log") == ""
+    assert_user_index_kept(repo)
+    assert_fsck_clean(repo)

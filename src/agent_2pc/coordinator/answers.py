@@ -73,6 +73,8 @@ def outcome_details(tx: Tx) -> dict[str, Any]:
     if git:  # the git participant's commit (participants/git.py)
         out["commit"] = git["new"]
         out["branch"] = git["ref"].removeprefix("refs/heads/")
+        if git.get("ignored"):  # new files git ignores: on disk, not in the commit
+            out["git_ignored"] = git["ignored"]
     if tx.uncompensated:
         out["uncompensated"] = tx.uncompensated
     return out

@@ -109,7 +109,7 @@ if TYPE_CHECKING:
         modes: NotRequired[dict[str, int]]
         inline: NotRequired[dict[str, str]]
         placed: NotRequired[dict[str, str]]
-        git: NotRequired[dict[str, str]]
+        git: NotRequired[dict[str, Any]]
 
     class EndRecord(_Common):
         type: Literal["end"]
@@ -161,7 +161,8 @@ EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
 }
 # What a commit decision carries for the git participant's redo (participants/git.py).
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),
-                                  ("new", _S, True, None), ("prefix", _S, True, None))
+                                  ("new", _S, True, None), ("prefix", _S, True, None),
+                                  ("ignored", _L, False, None))
 # kind -> the specs of its fields besides type, tid and ts (which every record has).
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),

@@ -161,8 +161,8 @@ class GitParticipant:
         if not old:
             return Vote.no("conflict", f"the branch {request['branch']} is gone since "
                            "git-commit named it")
-        new = build_commit(self.root, self._scratch_of(tx.tid), tx, request, old,
-                           self._blobs.path)
+        new, ignored = build_commit(self.root, self._scratch_of(tx.tid), tx, request, old,
+                                    self._blobs.path)
         crashpoints.hit("git.after_objects")
         from ..git.reftx import RefTransaction
         from ..git.run import GitError
@@ -177,6 +177,8 @@ class GitParticipant:
         crashpoints.hit("git.after_lock")
         self._decided[tx.tid] = {"ref": ref, "old": old, "new": new,
                                  "prefix": request["prefix"]}
+        if ignored:
+            self._decided[tx.tid]["ignored"] = ignored
         return YES
 
     def decision_fields(self, tid: str) -> dict[str, Any]:
@@ -206,7 +208,9 @@ class GitParticipant:
             out.diverged.append(decided["ref"])
             return out
         crashpoints.hit("git.after_ref")
-        update_user_index(self.root, decided, [op.path for op in git_changes(tx)])
+        left_out = set(decided.get("ignored", ()))
+        update_user_index(self.root, decided, [op.path for op in git_changes(tx)
+                                               if op.path not in left_out])
         return out
 
     def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:
@@ -352,11 +356,27 @@ def git_changes(tx: Tx) -> list[Op]:
     return sorted(changes, key=lambda op: op.op != "delete")
 
 
+def _ignored(root: str, changes: list[Op], env: dict[str, str]) -> set[str]:
+    """The paths of ``changes`` that git ignores and that the index (``env``'s, holding the
+    base tree) does not track: what ``git add -A`` would leave out."""
+    from ..git.run import run
+
+    adds = [op.path for op in changes if op.op != "delete"]
+    if not adds:
+        return set()
+    out = run(["check-ignore", "-z", "--stdin"], root, env=env, check=False,
+              input=b"".join(os.fsencode(p) + b"\0" for p in adds)).stdout
+    return {os.fsdecode(p) for p in out.split(b"\0") if p}
+
+
 def _index_lines(root: str, tx: Tx, prefix: str, blob_path: Callable[[str], str],
                  env: dict[str, str]
-                 ) -> bytes:
-    """``update-index -z --index-info`` input for ``tx``'s changes; writes the blobs."""
+                 ) -> tuple[bytes, list[str]]:
+    """``update-index -z --index-info`` input for ``tx``'s changes (writes the blobs), and the
+    new paths left out because git ignores them."""
     changes = git_changes(tx)
+    ignored = _ignored(root, changes, env)
+    changes = [op for op in changes if op.path not in ignored]
     writes = [op for op in changes if op.op == "write"]
     shas: dict[str, str] = {}
     if writes:
@@ -379,7 +399,7 @@ def _index_lines(root: str, tx: Tx, prefix: str, blob_path: Callable[[str], str]
         else:
             mode = b"100755" if _mode(root, op) & 0o100 else b"100644"
             lines.append(mode + b" " + shas[op.path].encode() + b"\t" + path + b"\0")
-    return b"".join(lines)
+    return b"".join(lines), sorted(ignored)
 
 
 def _mode(root: str, op: Op) -> int:
@@ -393,25 +413,27 @@ def _mode(root: str, op: Op) -> int:
 
 
 def write_index(root: str, index: str, tx: Tx, prefix: str, base: str,
-                blob_path: Callable[[str], str]) -> dict[str, str]:
+                blob_path: Callable[[str], str]) -> tuple[dict[str, str], list[str]]:
     """Make ``index`` (a new file) hold ``base``'s tree with ``tx``'s changes; write their
-    blobs. Returns git's environment for that index."""
+    blobs. Returns git's environment for that index, and the new paths left out because git
+    ignores them (as ``git add -A`` leaves them out; a tracked path is never ignored)."""
     from ..git.run import git_env, run
 
     env = git_env(GIT_INDEX_FILE=index)
     run(["read-tree", base], root, env=env)
-    run(["update-index", "-z", "--index-info"], root, env=env,
-        input=_index_lines(root, tx, prefix, blob_path, env))
-    return env
+    lines, ignored = _index_lines(root, tx, prefix, blob_path, env)
+    run(["update-index", "-z", "--index-info"], root, env=env, input=lines)
+    return env, ignored
 
 
 def build_commit(root: str, scratch: str, tx: Tx, request: dict[str, Any], old: str,
-                 blob_path: Callable[[str], str]) -> str:
-    """Write the commit of ``tx``'s changes on top of ``old``; return its id (NEW). Signed
-    when the request says so (``sign``: --sign or commit.gpgSign, read at staging)."""
+                 blob_path: Callable[[str], str]) -> tuple[str, list[str]]:
+    """Write the commit of ``tx``'s changes on top of ``old``; return its id (NEW) and the
+    new paths git ignores (left out). Signed when the request says so (``sign``: --sign or
+    commit.gpgSign, read at staging)."""
     os.makedirs(scratch, exist_ok=True)
     index = os.path.join(scratch, "git-index")
-    env = write_index(root, index, tx, request["prefix"], old, blob_path)
+    env, ignored = write_index(root, index, tx, request["prefix"], old, blob_path)
     tree = _git(["write-tree"], root, env=env)
     author = request.get("author")
     if author is not None:
@@ -421,7 +443,7 @@ def build_commit(root: str, scratch: str, tx: Tx, request: dict[str, Any], old: 
     new = _git(["commit-tree", *sign, tree, "-p", old, "-F", "-"], root, env=env,
                input=request["message"].encode("utf-8"))
     os.unlink(index)
-    return new
+    return new, ignored
 
 
 # -- apply: the ref, then the user's index -----------------------------------------------------

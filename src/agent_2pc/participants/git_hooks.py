@@ -36,11 +36,9 @@ SKIPPED_BY_NO_VERIFY = frozenset({"pre-commit", "commit-msg"})
 TAIL_LINES = 20
 
 
-def hook_path(root: str, name: str) -> str | None:
-    """The executable hook ``name`` git would run in the repository at ``root``, if any."""
-    from ..git.hooks import hooks_dir
-
-    path = os.path.join(hooks_dir(root), name)
+def hook_path(directory: str, name: str) -> str | None:
+    """The executable hook ``name`` in git's hooks ``directory``, if any."""
+    path = os.path.join(directory, name)
     return path if os.path.isfile(path) and os.access(path, os.X_OK) else None
 
 
@@ -65,8 +63,11 @@ def before_commit(root: str, tx: Tx, message: str, branch: str | None,
                   ) -> tuple[str, list[dict[str, Any]]]:
     """Run the hooks due before the commit; return the message (as the hooks left it) and
     ``[{hook, exit_code}]`` for those that ran. CheckFailed when one fails."""
+    from ..git.hooks import hooks_dir
+
+    directory = hooks_dir(root)
     names = [n for n in BEFORE if verify or n not in SKIPPED_BY_NO_VERIFY]
-    hooks = {n: path for n in names if (path := hook_path(root, n)) is not None}
+    hooks = {n: path for n in names if (path := hook_path(directory, n)) is not None}
     if not hooks:
         return message, []
     import shutil
@@ -81,7 +82,7 @@ def before_commit(root: str, tx: Tx, message: str, branch: str | None,
     ran: list[dict[str, Any]] = []
     try:
         index = os.path.join(tmp, "index")
-        env = write_index(root, index, tx, repo["prefix"], base, blob_path)
+        write_index(root, index, tx, repo["prefix"], base, blob_path)
         env = _hook_env(tx.tid, GIT_INDEX_FILE=index, GIT_DIR=repo["git_dir"])
         if repo["prefix"]:  # the workspace is below the top: git's work tree is the top
             env["GIT_WORK_TREE"] = _git(["rev-parse", "--show-toplevel"], root)
@@ -120,7 +121,9 @@ def after_commit(root: str, tid: str) -> dict[str, Any] | None:
     None when there is none."""
     import subprocess
 
-    path = hook_path(root, "post-commit")
+    from ..git.hooks import hooks_dir
+
+    path = hook_path(hooks_dir(root), "post-commit")
     if path is None:
         return None
     top = _git(["rev-parse", "--show-toplevel"], root)

@@ -384,6 +384,8 @@ class GitCommitOut(CommitOut):
     branch: str = Field(description="The branch now at that commit.")
     hooks: list[dict[str, Any]] | None = Field(None, description=(
         "The git hooks that ran ({hook, exit_code}), in order."))
+    git_ignored: list[str] | None = Field(None, description=(
+        "New files that git ignores: written to the tree, left out of the commit."))
 
 
 class AbortOut(Out):

@@ -242,14 +242,14 @@ class Engine:
                                  f"(begin --git-branch): git-commit commits onto it, not "
                                  f"onto {branch}", params=("branch",))
             branch = binding["branch"]
-        message, hooks = self.runs.git_hooks(tid, message, branch, verify)
+        message, hooks, hooks_dir = self.runs.git_hooks(tid, message, branch, verify)
         self.staging.stage_effect(tid, "git", {"message": message, "author": author,
                                                "branch": branch, "sign": sign})
         out = self.commit(tid)
         if out.get("commit"):
             from ..participants.git_hooks import after_commit
 
-            after = after_commit(self.root, tid)
+            after = after_commit(self.root, tid, hooks_dir)
             hooks += [after] if after else []
         if hooks:
             out["hooks"] = hooks

@@ -454,9 +454,10 @@ class Runs:
         return _result_json(res)
 
     def git_hooks(self, tid: str, message: str, branch: str | None, verify: bool
-                  ) -> tuple[str, list[dict[str, Any]]]:
+                  ) -> tuple[str, list[dict[str, Any]], str]:
         """git's hooks due before a git-commit of ``tid``, in its staged view
-        (participants/git_hooks.py): the message as they left it, and what ran."""
+        (participants/git_hooks.py): the message as they left it, what ran, and git's hooks
+        directory."""
         from ..participants import git_hooks
 
         return git_hooks.before_commit(

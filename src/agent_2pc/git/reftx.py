@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from .run import GIT_TIMEOUT_S, GitError, git_env
+from .run import GIT_TIMEOUT_S, GitError, git_env, git_program
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ class RefTransaction:
 
         self.ref = ref
         self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-            ["git", "update-ref", "-m", message, "--stdin", "-z"], cwd=root, env=git_env(),
+            [git_program(), "update-ref", "-m", message, "--stdin", "-z"], cwd=root, env=git_env(),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             self._say(b"start\0", b"start: ok")

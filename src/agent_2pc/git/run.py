@@ -48,6 +48,18 @@ class GitError(Exception):
         self.stderr = stderr
 
 
+_program: list[str] = []  # git's absolute path, found once per process
+
+
+def git_program() -> str:
+    """git's path on PATH, looked up once (each run would otherwise try every PATH entry)."""
+    if not _program:
+        import shutil
+
+        _program.append(shutil.which("git") or "git")
+    return _program[0]
+
+
 def run(args: list[str], cwd: str, *, env: dict[str, str] | None = None,
         input: bytes | None = None, check: bool = True, timeout: float = GIT_TIMEOUT_S
         ) -> subprocess.CompletedProcess[bytes]:
@@ -56,10 +68,10 @@ def run(args: list[str], cwd: str, *, env: dict[str, str] | None = None,
     import subprocess
 
     try:
-        proc = subprocess.run(["git", *args], cwd=cwd, env=env if env is not None else git_env(),
-                              input=input, stdin=None if input is not None else
-                              subprocess.DEVNULL, capture_output=True, timeout=timeout,
-                              check=False)
+        proc = subprocess.run([git_program(), *args], cwd=cwd,
+                              env=env if env is not None else git_env(), input=input,
+                              stdin=None if input is not None else subprocess.DEVNULL,
+                              capture_output=True, timeout=timeout, check=False)
     except FileNotFoundError:
         raise UsageError("git is not installed (or not on PATH)") from None
     except subprocess.TimeoutExpired:

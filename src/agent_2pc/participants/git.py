@@ -84,7 +84,7 @@ class GitParticipant:
             raise UsageError("`sign` is true, false or absent (commit.gpgSign decides)",
                              params=("sign",))
         repo = repository(self.root)
-        branch = resolve_branch(self.root, args.get("branch"))
+        branch = resolve_branch(self.root, args.get("branch"), repo=repo)
         if sign is None:
             sign = _git(["config", "--type=bool", "--default=false", "commit.gpgSign"],
                         self.root) == "true"
@@ -96,7 +96,7 @@ class GitParticipant:
         if set(args) != {"branch"}:
             raise UsageError("a git branch binding takes `branch` only")
         repo = repository(self.root, index_free=False)
-        branch = resolve_branch(self.root, args["branch"], params=("git_branch",))
+        branch = resolve_branch(self.root, args["branch"], params=("git_branch",), repo=repo)
         base = _git(["rev-parse", "--verify", f"refs/heads/{branch}^{{commit}}"], self.root)
         return {"branch": branch, "base": base, "prefix": repo["prefix"]}
 
@@ -272,30 +272,35 @@ def _check_author(author: Any) -> str | None:
 
 
 def repository(root: str, index_free: bool = True) -> dict[str, str]:
-    """{git_dir, prefix} of the work tree at ``root``; UsageError when there is none, when it
-    is bare, or (``index_free``) when its index is locked."""
+    """{git_dir, common_dir, prefix, top} of the work tree at ``root`` (one git process);
+    UsageError when there is none, when it is bare, or (``index_free``) when its index is
+    locked."""
     from ..git.run import GitError
 
     try:
-        lines = _git(["rev-parse", "--is-bare-repository", "--absolute-git-dir"], root
-                     ).splitlines()
-        if lines[0] == "true":
-            raise UsageError(f"{root} is a bare repository: git-commit needs a work tree",
-                             root=root)
-        prefix = _git(["rev-parse", "--show-prefix"], root)
+        lines = _git(["rev-parse", "--absolute-git-dir", "--git-common-dir", "--show-prefix",
+                      "--show-toplevel"], root).splitlines()
     except GitError as exc:
-        raise UsageError(f"{root} is not in a git work tree ({exc})", root=root) from None
-    index_lock = os.path.join(lines[1], "index.lock")
+        bare = _git(["rev-parse", "--is-bare-repository"], root, check=False) == "true"
+        raise UsageError(f"{root} is a bare repository: git-commit needs a work tree" if bare
+                         else f"{root} is not in a git work tree ({exc})", root=root) from None
+    if len(lines) == 3:  # at the top, --show-prefix prints an empty line
+        lines.insert(2, "")
+    git_dir, common, prefix, top = lines
+    index_lock = os.path.join(git_dir, "index.lock")
     if index_free and os.path.exists(index_lock):
         raise UsageError(f"{index_lock} exists: another git process is working in this "
                          "repository (or one crashed: remove the file if none is running)",
                          root=root)
-    return {"git_dir": lines[1], "prefix": prefix}
+    return {"git_dir": git_dir, "common_dir": os.path.join(root, common), "prefix": prefix,
+            "top": top}
 
 
-def resolve_branch(root: str, branch: Any, params: tuple[str, ...] = ("branch",)) -> str:
+def resolve_branch(root: str, branch: Any, params: tuple[str, ...] = ("branch",),
+                   repo: dict[str, str] | None = None) -> str:
     """The short name of the branch to commit onto: ``branch``, else the one HEAD is on. It
-    must exist and have a commit; git must know who commits (user.name, user.email)."""
+    must exist and have a commit, and not be checked out in another worktree; git must know
+    who commits (user.name, user.email). ``repo``: ``repository(root)``, if known."""
     if branch is None:
         head = _git(["symbolic-ref", "-q", "HEAD"], root, check=False)
         if not head.startswith("refs/heads/"):
@@ -313,7 +318,7 @@ def resolve_branch(root: str, branch: Any, params: tuple[str, ...] = ("branch",)
             f"the branch {branch} has no commit yet (an unborn branch): make a first commit "
             "with git itself" if unborn and not exists else
             f"there is no branch {branch}", params=params)
-    elsewhere = _checked_out_elsewhere(root, ref)
+    elsewhere = _checked_out_elsewhere(root, ref, repo or repository(root, index_free=False))
     if elsewhere:
         raise UsageError(f"the branch {branch} is checked out in the worktree {elsewhere}: "
                          "commit there, or onto another branch", params=params)
@@ -327,10 +332,12 @@ def resolve_branch(root: str, branch: Any, params: tuple[str, ...] = ("branch",)
     return str(branch)
 
 
-def _checked_out_elsewhere(root: str, ref: str) -> str | None:
+def _checked_out_elsewhere(root: str, ref: str, repo: dict[str, str]) -> str | None:
     """The other worktree that has ``ref`` checked out (git will not move a branch under
     another worktree's HEAD either), or None."""
-    here = os.path.realpath(_git(["rev-parse", "--show-toplevel"], root))
+    if not os.path.isdir(os.path.join(repo["common_dir"], "worktrees")):
+        return None  # no linked worktree: nobody else has a HEAD
+    here = os.path.realpath(repo["top"])
     tree = None
     for line in _git(["worktree", "list", "--porcelain"], root).splitlines():
         if line.startswith("worktree "):

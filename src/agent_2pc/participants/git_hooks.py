@@ -60,22 +60,23 @@ def _hook_env(tid: str, **extra: str) -> dict[str, str]:
 def before_commit(root: str, tx: Tx, message: str, branch: str | None,
                   blob_path: Callable[[str], str], verify: bool,
                   run_in_view: Callable[[list[str], dict[str, str], int], dict[str, Any]]
-                  ) -> tuple[str, list[dict[str, Any]]]:
-    """Run the hooks due before the commit; return the message (as the hooks left it) and
-    ``[{hook, exit_code}]`` for those that ran. CheckFailed when one fails."""
+                  ) -> tuple[str, list[dict[str, Any]], str]:
+    """Run the hooks due before the commit; return the message (as the hooks left it),
+    ``[{hook, exit_code}]`` for those that ran, and git's hooks directory. CheckFailed when
+    one fails."""
     from ..git.hooks import hooks_dir
 
     directory = hooks_dir(root)
     names = [n for n in BEFORE if verify or n not in SKIPPED_BY_NO_VERIFY]
     hooks = {n: path for n in names if (path := hook_path(directory, n)) is not None}
     if not hooks:
-        return message, []
+        return message, [], directory
     import shutil
     import tempfile
 
     message = _check_message(message)
     repo = repository(root)
-    ref = "refs/heads/" + resolve_branch(root, branch)
+    ref = "refs/heads/" + resolve_branch(root, branch, repo=repo)
     base = _git(["rev-parse", "--verify", ref + "^{commit}"], root)
     # Outside the workspace: the staged view shows its root, not .agent-tx/ (nor scratch).
     tmp = tempfile.mkdtemp(prefix="agent-2pc-hooks-")
@@ -85,7 +86,7 @@ def before_commit(root: str, tx: Tx, message: str, branch: str | None,
         write_index(root, index, tx, repo["prefix"], base, blob_path)
         env = _hook_env(tx.tid, GIT_INDEX_FILE=index, GIT_DIR=repo["git_dir"])
         if repo["prefix"]:  # the workspace is below the top: git's work tree is the top
-            env["GIT_WORK_TREE"] = _git(["rev-parse", "--show-toplevel"], root)
+            env["GIT_WORK_TREE"] = repo["top"]
         msg_file = os.path.join(tmp, "COMMIT_EDITMSG")
         with open(msg_file, "w", encoding="utf-8") as f:
             f.write(message)
@@ -113,17 +114,15 @@ def before_commit(root: str, tx: Tx, message: str, branch: str | None,
             message = _check_message(edited)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return message, ran
+    return message, ran, directory
 
 
-def after_commit(root: str, tid: str) -> dict[str, Any] | None:
-    """Run post-commit in the work tree (its output to our stderr); ``{hook, exit_code}``, or
-    None when there is none."""
+def after_commit(root: str, tid: str, directory: str) -> dict[str, Any] | None:
+    """Run post-commit from git's hooks ``directory`` in the work tree (its output to our
+    stderr); ``{hook, exit_code}``, or None when there is none."""
     import subprocess
 
-    from ..git.hooks import hooks_dir
-
-    path = hook_path(hooks_dir(root), "post-commit")
+    path = hook_path(directory, "post-commit")
     if path is None:
         return None
     top = _git(["rev-parse", "--show-toplevel"], root)

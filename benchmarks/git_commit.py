@@ -64,10 +64,36 @@ def one_size(n: int, reps: int, python: str, env: dict) -> dict:
                 f.write(f"user {r}\n")
             theirs.append(time_run(["sh", "-c", f"cd '{repo}' && git add {rel} && "
                                     f"git commit -q -m 'user {r}'"], env))
-        a, b = summary(ours), summary(theirs)
-        log(f"N={n}: git-commit {a['median_ms']} ms, git add+commit {b['median_ms']} ms")
-        return {"files": n, "git_commit": a, "git_add_commit": b,
-                "ratio": ratio(a["median_ms"], b["median_ms"])}
+        lib = library_times(python, repo, reps, env)
+        a, b, c = summary(ours), summary(theirs), summary(lib)
+        log(f"N={n}: git-commit {a['median_ms']} ms (in-process {c['median_ms']} ms), "
+            f"git add+commit {b['median_ms']} ms")
+        return {"files": n, "git_commit": a, "git_add_commit": b, "library_git_commit": c,
+                "ratio": ratio(a["median_ms"], b["median_ms"]),
+                "library_ratio": ratio(c["median_ms"], b["median_ms"])}
+
+
+# The library's git_commit in one long-lived process (what the MCP server, a harness using the
+# library, or a daemon pays): no interpreter start per step.
+_LIBRARY = """
+import json, sys, time
+from agent_2pc import Agent2PC
+client = Agent2PC(sys.argv[1])
+times = []
+for r in range(int(sys.argv[2])):
+    tx = client.begin()
+    tx.stage_write("d0000/f000002.txt", f"library {r}\\n")
+    t0 = time.perf_counter()
+    tx.git_commit(f"library {r}")
+    times.append(time.perf_counter() - t0)
+print(json.dumps(times))
+"""
+
+
+def library_times(python: str, repo: str, reps: int, env: dict) -> list[float]:
+    out = subprocess.run([python, "-c", _LIBRARY, repo, str(reps)], env=env, check=True,
+                         capture_output=True, text=True).stdout
+    return [float(t) for t in json.loads(out)]
 
 
 def main() -> None:
@@ -86,7 +112,9 @@ def main() -> None:
               "git_commit_ms": [first["git_commit"]["median_ms"],
                                 last["git_commit"]["median_ms"]],
               "git_add_commit_ms": [first["git_add_commit"]["median_ms"],
-                                    last["git_add_commit"]["median_ms"]]}
+                                    last["git_add_commit"]["median_ms"]],
+              "library_git_commit_ms": [first["library_git_commit"]["median_ms"],
+                                        last["library_git_commit"]["median_ms"]]}
     emit({"benchmark": "git_commit", "sizes": rows, "growth": growth,
           "target": "git-commit <= 1.5x git add && git commit at 20k files",
           "machine": machine()}, smoke=args.smoke)

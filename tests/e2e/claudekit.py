@@ -133,6 +133,9 @@ def claude_env(api: FakeAnthropic, home: str) -> dict[str, str]:
         # In print mode Claude Code does not wait for MCP servers by default: under load the
         # first request went out before agent-2pc's tools were listed (a flaky e2e run).
         "MCP_CONNECTION_NONBLOCKING": "false",
+        # ... and it gives a server 30 s to connect by default: on a loaded 2-core machine
+        # agent-2pc mcp's start (Python, the SDK, pydantic) took longer once.
+        "MCP_TIMEOUT": "120000",
     })
     os.makedirs(env["TMPDIR"], exist_ok=True)
     return env

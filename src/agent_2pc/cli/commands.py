@@ -9,6 +9,7 @@ import os
 
 from ..errors import UsageError
 from .args import FLAG, MULTI, Command, Opt, int_arg
+from .bundle import EXPORT, IMPORT
 from .fence import FENCE
 from .hook import HOOK
 from .mcp import MCP
@@ -454,6 +455,8 @@ COMMANDS: tuple[Command, ...] = (
                 Opt("--branch", metavar="B", help="the branch to commit onto (default: the "
                     "one HEAD is on)")),
             extra={"text": text_git_commit}),
+    EXPORT,
+    IMPORT,
     Command("abort", "abort: nothing staged reaches the tree", run_abort, (
         TID, Opt("--reason", metavar="S", help="why (kept in the history)")),
         extra={"text": text_outcome}),

@@ -31,6 +31,7 @@ from .paths import resolve
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import IO, Any
 
     from ..storage.blobs import Pending
@@ -95,8 +96,22 @@ def export(engine: Engine, tid: str, path: str) -> dict[str, Any]:
                          params=("path",))
     with engine.active(tid) as tx:
         manifest = manifest_of(engine, tx)
-        size, digest = _write_file(target, manifest, engine.blobs.read)
+        size, digest = _write_file(target, manifest, lambda d: _blob(engine, tx, d))
     return {"tid": tid, "path": target, "bytes": size, "sha256": digest}
+
+
+def _chunks(manifest: dict[str, Any], read_blob: Any) -> Iterator[bytes]:
+    """The bundle's bytes, a member (or a MiB) at a time."""
+    buf = bytearray()
+    writer = fmt.Writer(buf.extend)
+    writer.member(fmt.MANIFEST, fmt.canonical(manifest))
+    for entry in manifest["blobs"]:
+        if len(buf) >= fmt.CHUNK:
+            yield bytes(buf)
+            buf.clear()
+        writer.member("blobs/" + entry["sha256"], read_blob(entry["sha256"]))
+    writer.close()
+    yield bytes(buf)
 
 
 def _write_file(target: str, manifest: dict[str, Any], read_blob: Any) -> tuple[int, str]:
@@ -105,25 +120,16 @@ def _write_file(target: str, manifest: dict[str, Any], read_blob: Any) -> tuple[
                                   f"{os.urandom(4).hex()}")
     h = hasher(fmt.CHUNK)
     size = 0
-
-    def write(data: bytes) -> None:
-        nonlocal size
-        if data:
-            durable.write_all(fd, data)
-            h.update(data)
-            size += len(data)
-
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         raise IoFailed.from_os_error(exc) from None
     try:
         try:
-            writer = fmt.Writer(write)
-            writer.member(fmt.MANIFEST, fmt.canonical(manifest))
-            for entry in manifest["blobs"]:
-                writer.member("blobs/" + entry["sha256"], read_blob(entry["sha256"]))
-            writer.close()
+            for chunk in _chunks(manifest, read_blob):
+                durable.write_all(fd, chunk)
+                h.update(chunk)
+                size += len(chunk)
             durable.fsync_fd(fd)
         finally:
             os.close(fd)
@@ -141,6 +147,17 @@ def _write_file(target: str, manifest: dict[str, Any], read_blob: Any) -> tuple[
     except OSError as exc:
         raise IoFailed.from_os_error(exc) from None
     return size, str(h.hexdigest())
+
+
+def _blob(engine: Engine, tx: Tx, digest: str) -> bytes:
+    from ..storage.blobs import BlobCorrupt
+
+    try:
+        return engine.blobs.read(digest)
+    except BlobCorrupt as exc:
+        path = next(op.path for op in tx.ops if op.blob == digest)
+        raise UsageError(f"the staged content of {path} is damaged ({exc}); stage it again "
+                         "before exporting", path=path) from None
 
 
 # -- import ------------------------------------------------------------------------------------

@@ -256,8 +256,9 @@ class Reader:
         blobs = obj["blobs"]
         members = sum(BLOCK + b["size"] + _pad(b["size"]) for b in blobs)
         self._in.cap = self._in.total + members + BLOCK * 2 + len(END)  # the seal, the end
-        self._manifest = obj
-        return obj
+        checked: dict[str, Any] = obj
+        self._manifest = checked
+        return checked
 
     def blobs(self) -> Iterator[tuple[str, bytes]]:
         """(sha256, content) of each blob, checked against its hash, in the manifest's order."""

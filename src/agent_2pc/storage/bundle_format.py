@@ -1,13 +1,16 @@
 """The bundle file (``.a2pc``): bytes <-> a manifest and its blobs. Pure but for the file
 object it is handed (docs/format.md, "Bundles", has the byte table)::
 
-    gzip member (RFC 1952): the fixed 10-byte header below (no name, mtime 0), raw deflate,
-    CRC-32 and size of the tar stream
+    gzip member 1 (RFC 1952): the fixed 10-byte header below (no name, mtime 0), raw
+    deflate, CRC-32 and size of the tar stream
       tar stream (POSIX ustar; every header fixed: mode 0644, uid/gid 0, mtime 0, no names)
         manifest.json     canonical JSON: what the transaction staged, read, checked
         blobs/<sha256>    the content of each write, once per distinct content, sorted by hash
         seal              the sha256 (hex, then "\\n") of every tar byte before its header
       two zero blocks     the tar end
+    gzip member 2 (58 bytes, empty content): its extra field "A2" holds the sha256 of every
+    byte of member 1, so that no byte of the file goes unchecked (deflate has bits that do
+    not change what it inflates to). gzip and tar read both members as one stream.
 
 The writer makes exactly these bytes; the reader accepts exactly these bytes (a header is
 rendered again and compared, byte for byte) and never inflates more than the manifest
@@ -43,6 +46,17 @@ MANIFEST = "manifest.json"
 SEAL = "seal"
 SEAL_BYTES = 65  # 64 hex digits and "\n"
 END = bytes(2 * BLOCK)
+# Member 2: FLG.FEXTRA, mtime 0, OS 255; XLEN 36: subfield "A2", 32 bytes; then an empty
+# deflate block, CRC-32 0, size 0.
+CHECK_HEAD = b"\x1f\x8b\x08\x04\x00\x00\x00\x00\x00\xff" + struct.pack("<H2sH", 36, b"A2", 32)
+CHECK_TAIL = b"\x03\x00" + bytes(8)
+CHECK_BYTES = len(CHECK_HEAD) + 32 + len(CHECK_TAIL)
+
+
+def check_member(digest: bytes) -> bytes:
+    """Member 2, which carries ``digest``: the sha256 of member 1's bytes."""
+    assert len(digest) == 32
+    return CHECK_HEAD + digest + CHECK_TAIL
 
 
 class Limits:
@@ -103,12 +117,17 @@ class Writer:
     blob in order, then ``close`` (the seal, the tar end, the gzip trailer)."""
 
     def __init__(self, write: Callable[[bytes], None]) -> None:
-        self._write = write
+        self._out = write
+        self._file_sha = hasher(CHUNK)
         self._deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY)
         self._crc = 0
         self._size = 0
         self._sha = hasher(CHUNK)
         self._write(GZIP_HEADER)
+
+    def _write(self, data: bytes) -> None:
+        self._file_sha.update(data)
+        self._out(data)
 
     def _tar(self, data: bytes) -> None:
         self._crc = zlib.crc32(data, self._crc)
@@ -129,14 +148,30 @@ class Writer:
         self._tar(END)
         self._write(self._deflate.flush())
         self._write(struct.pack("<II", self._crc, self._size & 0xFFFFFFFF))
+        self._out(check_member(self._file_sha.digest()))
 
 
 # -- reading -----------------------------------------------------------------------------------
 
+class _Bounded:
+    """Member 1 of the file: reads stop ``left`` bytes in, and every byte read is hashed."""
+
+    def __init__(self, f: IO[bytes], left: int) -> None:
+        self.f = f
+        self.left = left
+        self.sha = hasher(CHUNK)
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(min(n, self.left)) if self.left > 0 else b""
+        self.left -= len(data)
+        self.sha.update(data)
+        return data
+
+
 class _Inflate:
     """The tar stream of a bundle, inflated on demand, never past ``cap`` bytes."""
 
-    def __init__(self, f: IO[bytes], cap: int) -> None:
+    def __init__(self, f: _Bounded, cap: int) -> None:
         self.f = f
         self.cap = cap
         self.total = 0
@@ -217,12 +252,14 @@ class Reader:
         if size > limits.file_bytes_max:
             raise InvalidBundle(f"the bundle is {size} bytes, more than the "
                                 f"{limits.file_bytes_max} a bundle may be")
-        head = f.read(len(GZIP_HEADER))
+        self._f = f
+        self._member1 = _Bounded(f, size - CHECK_BYTES)
+        head = self._member1.read(len(GZIP_HEADER))
         if head != GZIP_HEADER:
             raise InvalidBundle("not an agent-2pc bundle: it does not begin with the gzip "
                                 "header that export writes")
         cap = limits.manifest_bytes_max + 2 * BLOCK
-        self._in = _Inflate(f, cap)
+        self._in = _Inflate(self._member1, cap)
         self._manifest: dict[str, Any] | None = None
 
     def _member(self, name: str, size_max: int) -> bytes:
@@ -286,6 +323,14 @@ class Reader:
         if self._in.read(len(END), "the tar end") != END:
             raise InvalidBundle("the bundle has no tar end where it should")
         self._in.finish()
+        last = self._f.read(CHECK_BYTES + 1)
+        if len(last) != CHECK_BYTES or last[:len(CHECK_HEAD)] != CHECK_HEAD or not last.endswith(
+                CHECK_TAIL):
+            raise InvalidBundle("the bundle does not end with the checksum member export "
+                                "writes")
+        if last[len(CHECK_HEAD):-len(CHECK_TAIL)] != self._member1.sha.digest():
+            raise Tampered("the bundle fails its checksum (the sha256 of its compressed "
+                           "bytes): it was altered after export", what="checksum")
 
 
 def read_all(f: IO[bytes], size: int, limits: Limits = LIMITS,

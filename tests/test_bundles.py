@@ -327,3 +327,43 @@ def test_the_library_round_trip(tmp_path):
         a.close()
         b.close()
     shutil.rmtree(a_root)
+
+
+def test_an_export_killed_before_its_rename_leaves_no_bundle_under_the_name(tmp_path):
+    a, _ = repo_pair(tmp_path)
+    client = Agent2PC(a)
+    try:
+        tx = client.begin()
+        tx.stage_write("f.txt", "f\n")
+    finally:
+        client.close()
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    proc = run_cli(("export", "--tid", tx.tid, "-o", str(out_dir / "t.a2pc")), json_out=True,
+                   root=str(a), env={"AGENT2PC_CRASH_AT": "export.before_rename"})
+    assert proc.returncode == 137
+    assert not (out_dir / "t.a2pc").exists()
+    # What is left is a hidden temp file beside it, never the final name.
+    assert all(n.startswith(".t.a2pc.tmp-") for n in os.listdir(out_dir))
+    status, out = cli(a, "export", "--tid", tx.tid, "-o", str(out_dir / "t.a2pc"))
+    assert status == 0 and (out_dir / "t.a2pc").stat().st_size == out["bytes"]
+
+
+def test_an_import_killed_after_its_blobs_registers_nothing_and_can_be_done_again(tmp_path):
+    from crashkit import wal_is_clean
+
+    a, b = repo_pair(tmp_path)
+    bundle = tmp_path / "fix.a2pc"
+    stage_in_a(a, bundle)
+    before = take_snapshot(str(b))
+    proc = run_cli(("import", str(bundle)), json_out=True, root=str(b),
+                   env={"AGENT2PC_CRASH_AT": "import.after_blobs"})
+    assert proc.returncode == 137
+    assert cli(b, "recover")[0] == 0
+    assert cli(b, "list")[1]["transactions"] == []
+    assert take_snapshot(str(b)) == before  # the tree and the log as they were
+    assert wal_is_clean(b)
+    status, imported = cli(b, "import", str(bundle))
+    assert status == 0 and imported["again"] is False
+    assert cli(b, "commit", "--tid", imported["tid"])[0] == 0
+    assert read(str(b), "src/app.py") == b"def f():\n    return 2\n"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import stat
 
+from .. import crashpoints
 from ..core import records as log_records
 from ..core.states import ACTIVE, FINISHED, Tx, iso_ms
 from ..errors import InvalidBundle, IoFailed, Tampered, UsageError
@@ -133,6 +134,7 @@ def _write_file(target: str, manifest: dict[str, Any], read_blob: Any) -> tuple[
             durable.fsync_fd(fd)
         finally:
             os.close(fd)
+        crashpoints.hit("export.before_rename")
         durable.rename(tmp, target)
     except BaseException as exc:
         try:
@@ -221,6 +223,7 @@ def import_bundle(engine: Engine, path: str, label: str | None = None,
         _store_blobs(engine, path, digest, limits, pending)
         recs = _records(engine, manifest, label if label is not None else manifest["label"],
                         origin)
+        crashpoints.hit("import.after_blobs")
         engine.journal.append(recs)
     except BaseException:
         for blob in pending:

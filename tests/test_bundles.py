@@ -367,3 +367,29 @@ def test_an_import_killed_after_its_blobs_registers_nothing_and_can_be_done_agai
     assert status == 0 and imported["again"] is False
     assert cli(b, "commit", "--tid", imported["tid"])[0] == 0
     assert read(str(b), "src/app.py") == b"def f():\n    return 2\n"
+
+
+def test_links_empty_directories_modes_and_binary_content_travel(tmp_path):
+    a_root, b_root = tmp_path / "a", tmp_path / "b"
+    for root in (a_root, b_root):
+        write(str(root), "run.sh", "echo hi\n")
+        write(str(root), "data/old.bin", b"\x00old")
+    a, b = Agent2PC.init(a_root), Agent2PC.init(b_root)
+    try:
+        tx = a.begin()
+        tx.exec(["sh", "-c", "ln -s ../run.sh data/link && mkdir empty && chmod 755 run.sh"
+                 " && rm data/old.bin"])
+        tx.stage_write("data/new.bin", bytes(range(256)) * 10)
+        tx.export(tmp_path / "t.a2pc")
+        got = b.import_bundle(tmp_path / "t.a2pc")
+        assert got["files"] == ["data/link", "data/new.bin", "data/old.bin", "empty",
+                                "run.sh"]
+        assert b.get(got["tid"]).commit()["state"] == "committed"
+    finally:
+        a.close()
+        b.close()
+    assert os.readlink(b_root / "data" / "link") == "../run.sh"
+    assert (b_root / "empty").is_dir() and not list((b_root / "empty").iterdir())
+    assert os.stat(b_root / "run.sh").st_mode & 0o777 == 0o755
+    assert not (b_root / "data" / "old.bin").exists()
+    assert read(str(b_root), "data/new.bin") == bytes(range(256)) * 10

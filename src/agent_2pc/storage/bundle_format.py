@@ -178,6 +178,7 @@ class _Inflate:
         self.crc = 0
         self.sha = hasher(CHUNK)
         self._d = zlib.decompressobj(-15)
+        self._buf = bytearray()  # inflated, not yet read
 
     def _feed(self) -> bytes:
         src = self._d.unconsumed_tail
@@ -186,26 +187,27 @@ class _Inflate:
         return src
 
     def read(self, n: int, what: str) -> bytes:
-        """Exactly ``n`` bytes of the tar stream (``what``: for the error)."""
+        """Exactly ``n`` bytes of the tar stream (``what``: for the error). Inflates ahead a
+        MiB at a time (a small ``max_length`` would copy the unconsumed input on every call),
+        never past ``cap``."""
         if self.total + n > self.cap:
             raise InvalidBundle(f"the bundle holds more than its manifest declares, or more "
                                 f"than {self.cap} bytes unpacked (at {what})")
-        parts: list[bytes] = []
-        need = n
-        while need:
+        buf = self._buf
+        while len(buf) < n:
             if self._d.eof:
                 raise _truncated(what)
             src = self._feed()
             if not src:
                 raise _truncated(what)
+            want = min(max(n - len(buf), CHUNK), self.cap - self.total - len(buf))
             try:
-                out = self._d.decompress(src, need)
+                buf += self._d.decompress(src, want)
             except zlib.error as exc:
                 raise InvalidBundle(f"the bundle's compressed stream is damaged at {what} "
                                     f"({exc})") from None
-            parts.append(out)
-            need -= len(out)
-        data = b"".join(parts)
+        data = bytes(buf[:n])
+        del buf[:n]
         self.total += n
         self.crc = zlib.crc32(data, self.crc)
         self.sha.update(data)
@@ -213,6 +215,8 @@ class _Inflate:
 
     def finish(self) -> None:
         """The stream ends here: the deflate stream, then the gzip trailer, then nothing."""
+        if self._buf:
+            raise InvalidBundle("the bundle goes on after the tar end")
         while not self._d.eof:
             src = self._feed()
             if not src:

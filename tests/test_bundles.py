@@ -393,3 +393,23 @@ def test_links_empty_directories_modes_and_binary_content_travel(tmp_path):
     assert os.stat(b_root / "run.sh").st_mode & 0o777 == 0o755
     assert not (b_root / "data" / "old.bin").exists()
     assert read(str(b_root), "data/new.bin") == bytes(range(256)) * 10
+
+
+def test_an_import_whose_append_was_torn_is_aborted_and_imported_anew(tmp_path):
+    a, b = repo_pair(tmp_path)
+    bundle = tmp_path / "fix.a2pc"
+    stage_in_a(a, bundle)
+    proc = run_cli(("import", str(bundle)), json_out=True, root=str(b),
+                   env={"AGENT2PC_CRASH_AT": "wal.torn_append"})
+    assert proc.returncode == 137
+    assert cli(b, "recover")[0] == 0
+    partial = [t["tid"] for t in cli(b, "list", "--state", "active")[1]["transactions"]]
+    assert len(partial) == 1  # half of the append: begin and some of the stage records
+    assert cli(b, "status", "--tid", partial[0])[1]["transactions"][0]["ops"] < 3
+    status, imported = cli(b, "import", str(bundle))
+    assert status == 0 and imported["again"] is False, imported
+    assert imported["files"] == ["docs/new.md", "old.txt", "src/app.py"]
+    for tid in partial:  # a prefix of the records survived the cut: aborted, not answered
+        assert cli(b, "status", "--tid", tid)[1]["transactions"][0]["state"] == "aborted"
+    assert cli(b, "commit", "--tid", imported["tid"])[0] == 0
+    assert read(str(b), "docs/new.md") == b"new doc\n"

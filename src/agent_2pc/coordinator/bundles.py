@@ -12,8 +12,10 @@ transaction: a bundle is data, and its commit never runs a command the bundle na
 reviewer runs the checks they want with stage-cmd).
 
 Import verifies the whole bundle (every hash, the seal, every path and size) before it writes
-anything; then it stores the blobs and appends the records. Importing a bundle whose
-transaction is still live here answers that transaction again (``again: true``).
+anything; then it stores the blobs and appends the records, in one append. Importing a bundle
+whose transaction is still live here answers that transaction again (``again: true``), unless
+a torn append (a crash in mid-write) left only a prefix of its records: that one is aborted
+and the bundle imported anew.
 """
 
 from __future__ import annotations
@@ -213,9 +215,13 @@ def import_bundle(engine: Engine, path: str, label: str | None = None,
                          "characters", params=("label",))
     manifest, digest = verify(path, limits)
     engine.journal.refresh()
-    for tx in engine.txs.values():
+    for tx in list(engine.txs.values()):
         if tx.state not in FINISHED and (tx.origin or {}).get("bundle") == digest:
-            return _answer(tx, manifest, again=True)
+            if len(tx.frames) >= _records_of(manifest):
+                return _answer(tx, manifest, again=True)
+            # A prefix of its records: the append was torn (a crash in mid-write). It never
+            # answered anyone; abort it and import anew.
+            engine.abort(tx.tid, "an import of this bundle was cut short; imported again")
     _check_paths(engine.root, manifest)
     origin = {"tid": manifest["tid"], "bundle": digest, **manifest["origin"]}
     pending: list[Pending] = []
@@ -232,6 +238,11 @@ def import_bundle(engine: Engine, path: str, label: str | None = None,
     for blob in pending:
         blob.settle()
     return _answer(engine.txs[recs[0]["tid"]], manifest, again=False)
+
+
+def _records_of(m: dict[str, Any]) -> int:
+    """How many records an import of ``m`` appends (begin, ops, reads, savepoints)."""
+    return 1 + len(m["ops"]) + len(m["reads"]) + len(m["savepoints"])
 
 
 def _check_paths(root: str, manifest: dict[str, Any]) -> None:

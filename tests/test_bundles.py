@@ -268,6 +268,8 @@ def test_export_refuses_what_a_bundle_cannot_carry(tmp_path):
         tx.stage_write("a.txt", "a\n")
         with pytest.raises(UsageError, match="directory"):
             tx.export(tmp_path)
+        with pytest.raises(UsageError, match="no directory"):
+            tx.export(tmp_path / "missing" / "x.a2pc")
         tx.stage_api("POST", "http://127.0.0.1:9/x")
         with pytest.raises(UsageError, match="effects"):
             tx.export(tmp_path / "x.a2pc")

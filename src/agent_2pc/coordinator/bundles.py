@@ -97,6 +97,9 @@ def export(engine: Engine, tid: str, path: str) -> dict[str, Any]:
     if os.path.isdir(target):
         raise UsageError(f"{path} is a directory; give the bundle file's name",
                          params=("path",))
+    if not os.path.isdir(os.path.dirname(target)):
+        raise UsageError(f"there is no directory {os.path.dirname(target)} to write {path} in",
+                         params=("path",))
     with engine.active(tid) as tx:
         manifest = manifest_of(engine, tx)
         size, digest = _write_file(target, manifest, lambda d: _blob(engine, tx, d))

@@ -25,6 +25,7 @@ import pytest
 
 from agent_2pc.errors import InvalidBundle, Tampered
 from agent_2pc.storage import bundle_format as fmt
+from agent_2pc.storage.bundle_manifest import LIMITS, Limits
 
 VECTORS = Path(__file__).resolve().parent / "vectors"
 TID = "tx-20260101-000000-abcdef"
@@ -82,7 +83,7 @@ def vector_parts() -> tuple[dict, list[bytes]]:
 BYTE_BLOB = bytes(range(256))
 
 
-def read(data: bytes, limits: fmt.Limits = fmt.LIMITS) -> dict:
+def read(data: bytes, limits: Limits = LIMITS) -> dict:
     return fmt.read_all(io.BytesIO(data), len(data), limits)
 
 
@@ -322,9 +323,9 @@ def test_a_declared_size_past_the_limit_is_refused_before_any_blob_is_read():
     m = manifest([op("big.bin", blob=big)], [big], reads=[], savepoints=[])
     data = build(m, [big])
     with pytest.raises(InvalidBundle, match="size from 0 to"):
-        read(data, fmt.Limits(blob_bytes_max=1 << 20))
+        read(data, Limits(blob_bytes_max=1 << 20))
     with pytest.raises(InvalidBundle, match="add up"):
-        read(data, fmt.Limits(total_bytes_max=1 << 20))
+        read(data, Limits(total_bytes_max=1 << 20))
 
 
 def test_a_decompression_bomb_stops_at_the_declared_size():
@@ -344,13 +345,13 @@ def test_a_decompression_bomb_stops_at_the_declared_size():
 def test_a_bundle_past_the_file_limit_is_refused_unread():
     data = build(*vector_parts())
     with pytest.raises(InvalidBundle, match="bytes, more than"):
-        read(data, fmt.Limits(file_bytes_max=len(data) - 1))
+        read(data, Limits(file_bytes_max=len(data) - 1))
 
 
 def test_an_oversized_manifest_is_refused_before_it_is_inflated():
     m, blobs = vector_parts()
     with pytest.raises(InvalidBundle, match="manifest.json is"):
-        read(build(m, blobs), fmt.Limits(manifest_bytes_max=100))
+        read(build(m, blobs), Limits(manifest_bytes_max=100))
 
 
 def test_not_a_bundle_at_all_is_invalid_bundle():

@@ -28,6 +28,7 @@ from ..core import records as log_records
 from ..core.states import ACTIVE, FINISHED, Tx, iso_ms
 from ..errors import InvalidBundle, IoFailed, Tampered, UsageError
 from ..storage import bundle_format as fmt
+from ..storage import bundle_manifest as man
 from ..storage import durable
 from ..storage.hashing import hasher
 from .paths import resolve
@@ -54,7 +55,7 @@ def manifest_of(engine: Engine, tx: Tx) -> dict[str, Any]:
     sizes = {op.blob: op.size for op in tx.ops if op.blob is not None}
     current = fingerprint(tx) if tx.checks else ""
     manifest = {
-        "format": fmt.FORMAT, "version": fmt.VERSION, "tid": tx.tid, "label": tx.label,
+        "format": man.FORMAT, "version": man.VERSION, "tid": tx.tid, "label": tx.label,
         "origin": {"workspace": _workspace_id(engine), "created_at": iso_ms(tx.created_ms)},
         "ops": [{"path": op.path, "op": op.op, "via": op.via, "blob": op.blob,
                  "size": op.size, "mode": op.mode, "pre": op.pre, "target": op.target}
@@ -69,7 +70,7 @@ def manifest_of(engine: Engine, tx: Tx) -> dict[str, Any]:
         "blobs": [{"sha256": d, "size": sizes[d]} for d in sorted(sizes)],
     }
     try:
-        fmt.check_manifest(manifest)
+        man.check_manifest(manifest)
     except InvalidBundle as exc:
         raise InvalidBundle(f"{tx.tid} cannot be exported: {exc.message}", **exc.details
                             ) from None
@@ -199,7 +200,7 @@ class _Hashing:
         return data
 
 
-def verify(path: str, limits: fmt.Limits = fmt.LIMITS) -> tuple[dict[str, Any], str]:
+def verify(path: str, limits: man.Limits = man.LIMITS) -> tuple[dict[str, Any], str]:
     """Read the bundle at ``path`` whole and check every byte of it: (manifest, the file's
     sha256). InvalidBundle or Tampered; nothing is written."""
     f, size = _open_bundle(path)
@@ -210,11 +211,11 @@ def verify(path: str, limits: fmt.Limits = fmt.LIMITS) -> tuple[dict[str, Any], 
 
 
 def import_bundle(engine: Engine, path: str, label: str | None = None,
-                  limits: fmt.Limits = fmt.LIMITS) -> dict[str, Any]:
+                  limits: man.Limits = man.LIMITS) -> dict[str, Any]:
     """Register the bundle at ``path`` as a new active transaction of this workspace.
     ``{tid, files, again, origin, checks}``."""
-    if label is not None and (not isinstance(label, str) or len(label) > fmt.LABEL_CHARS_MAX):
-        raise UsageError(f"`label` must be a string of at most {fmt.LABEL_CHARS_MAX} "
+    if label is not None and (not isinstance(label, str) or len(label) > man.LABEL_CHARS_MAX):
+        raise UsageError(f"`label` must be a string of at most {man.LABEL_CHARS_MAX} "
                          "characters", params=("label",))
     manifest, digest = verify(path, limits)
     engine.journal.refresh()
@@ -261,7 +262,7 @@ def _check_paths(root: str, manifest: dict[str, Any]) -> None:
                                 "the bundle cannot be imported here", path=p)
 
 
-def _store_blobs(engine: Engine, path: str, digest: str, limits: fmt.Limits,
+def _store_blobs(engine: Engine, path: str, digest: str, limits: man.Limits,
                  pending: list[Pending]) -> None:
     """Read the bundle again and store its blobs; it must be the file just verified."""
     def take(name: str, data: bytes) -> None:

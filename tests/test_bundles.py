@@ -14,11 +14,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import read, run_cli, take_snapshot, write
+from conftest import _env, read, run_cli, take_snapshot, write
 
 from agent_2pc import Agent2PC
 from agent_2pc.errors import BadState, InvalidBundle, UsageError
@@ -415,3 +416,20 @@ def test_an_import_whose_append_was_torn_is_aborted_and_imported_anew(tmp_path):
         assert cli(b, "status", "--tid", tid)[1]["transactions"][0]["state"] == "aborted"
     assert cli(b, "commit", "--tid", imported["tid"])[0] == 0
     assert read(str(b), "docs/new.md") == b"new doc\n"
+
+
+def test_two_processes_importing_one_bundle_at_once_make_one_transaction(tmp_path):
+    a, b = repo_pair(tmp_path)
+    bundle = tmp_path / "fix.a2pc"
+    stage_in_a(a, bundle)
+    # Both verify and store the blobs, then wait at the same point: then both append.
+    env = _env({"AGENT2PC_STALL_AT": "import.after_blobs", "AGENT2PC_STALL_S": "2"})
+    argv = [sys.executable, "-m", "agent_2pc", "--root", str(b), "import", str(bundle),
+            "--json"]
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for _ in range(2)]
+    answers = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert all(p.returncode == 0 for p in procs), answers
+    assert answers[0]["tid"] == answers[1]["tid"], answers
+    assert sorted(x["again"] for x in answers) == [False, True]
+    assert len(cli(b, "list", "--state", "active")[1]["transactions"]) == 1

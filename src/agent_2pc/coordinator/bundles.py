@@ -219,13 +219,9 @@ def import_bundle(engine: Engine, path: str, label: str | None = None,
                          "characters", params=("label",))
     manifest, digest = verify(path, limits)
     engine.journal.refresh()
-    for tx in list(engine.txs.values()):
-        if tx.state not in FINISHED and (tx.origin or {}).get("bundle") == digest:
-            if len(tx.frames) >= _records_of(manifest):
-                return _answer(tx, manifest, again=True)
-            # A prefix of its records: the append was torn (a crash in mid-write). It never
-            # answered anyone; abort it and import anew.
-            engine.abort(tx.tid, "an import of this bundle was cut short; imported again")
+    live = _imported(engine, manifest, digest)
+    if live is not None:
+        return _answer(live, manifest, again=True)
     _check_paths(engine.root, manifest)
     origin = {"tid": manifest["tid"], "bundle": digest, **manifest["origin"]}
     pending: list[Pending] = []
@@ -234,14 +230,34 @@ def import_bundle(engine: Engine, path: str, label: str | None = None,
         recs = _records(engine, manifest, label if label is not None else manifest["label"],
                         origin)
         crashpoints.hit("import.after_blobs")
-        engine.journal.append(recs)
+        # One import of a bundle at a time: one racing this one is answered with ours.
+        with engine.journal.commit_lock:
+            engine.journal.refresh()
+            live = _imported(engine, manifest, digest)
+            if live is None:
+                engine.journal.append(recs)
     except BaseException:
         for blob in pending:
             blob.discard()
         raise
     for blob in pending:
         blob.settle()
+    if live is not None:
+        return _answer(live, manifest, again=True)
     return _answer(engine.txs[recs[0]["tid"]], manifest, again=False)
+
+
+def _imported(engine: Engine, manifest: dict[str, Any], digest: str) -> Tx | None:
+    """The live transaction an import of this bundle made, if any. One that holds only a
+    prefix of its records (a torn append: a crash in mid-write; it never answered anyone) is
+    aborted here, and the bundle is imported anew."""
+    for tx in list(engine.txs.values()):
+        if tx.state in FINISHED or (tx.origin or {}).get("bundle") != digest:
+            continue
+        if len(tx.frames) >= _records_of(manifest):
+            return tx
+        engine.abort(tx.tid, "an import of this bundle was cut short; imported again")
+    return None
 
 
 def _records_of(m: dict[str, Any]) -> int:

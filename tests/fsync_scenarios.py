@@ -51,6 +51,7 @@ def steps(extra: str) -> list[tuple[str, list[str], dict[str, str]]]:
         ("begin t1", ["begin"], {}),
         ("stage t1", ["stage-write", "--tid", "{t1}", "--path", "t1.txt", "--content",
                       "t1\n"], {}),
+        ("export t1", ["export", "--tid", "{t1}", "-o", f"{extra}/t1.a2pc"], {}),
         ("torn tail", ["begin"], {"AGENT2PC_CRASH_AT": "wal.torn_append"}),
         ("commit t1", ["commit", "--tid", "{t1}"], {}),
         ("compact", ["compact"], {}),

@@ -187,6 +187,8 @@ COVERED_IN = {
     "git.after_objects": "tests/test_git_commit.py",
     "git.after_lock": "tests/test_git_commit.py",
     "git.after_ref": "tests/test_git_commit.py",
+    "export.before_rename": "tests/test_bundles.py",
+    "import.after_blobs": "tests/test_bundles.py",
 }
 
 

@@ -35,6 +35,8 @@ POINTS: dict[str, str] = {
     "transaction (git/reftx.py); the vote not returned yet",
     "git.after_ref": "the branch is at the new commit (after the files); the user's index is "
     "not updated yet",
+    "export.before_rename": "a bundle is written and synced under its temp name, not renamed",
+    "import.after_blobs": "an imported bundle's blobs are stored; its records are not appended",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
 }

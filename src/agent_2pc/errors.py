@@ -17,7 +17,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- UnknownSavepoint              unknown_savepoint
     |   |-- InvalidPatch                  invalid_patch
     |   |-- PatchRejected                 patch_rejected
-    |   `-- InvalidManifest               invalid_manifest
+    |   |-- InvalidManifest               invalid_manifest
+    |   `-- InvalidBundle                 invalid_bundle   (a .a2pc file import refuses)
     |-- WorkspaceError      (the workspace or host cannot serve the request as it is)  2
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
@@ -32,6 +33,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   |-- InFlight                      in_flight        (hook check: transactions are live)
+    |   |-- Tampered                      tampered         (a bundle that fails its hash)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
     `-- UnknownOutcome      (something may have happened: hold the fence)            1
@@ -128,6 +130,13 @@ class PatchRejected(InputError):
 
 class InvalidManifest(InputError):
     code = "invalid_manifest"
+
+
+class InvalidBundle(InputError):
+    """A bundle (.a2pc) that is not one export writes: not the format, truncated, an unknown
+    version, a path out of the root, a size past the limits. Nothing was imported."""
+
+    code = "invalid_bundle"
 
 
 # -- the workspace or host cannot serve: exit 2 ------------------------------------------------
@@ -229,6 +238,13 @@ class InFlight(Refusal):
     (the JSON answer carries it beside the error)."""
 
     code = "in_flight"
+
+
+class Tampered(Refusal):
+    """A bundle whose bytes fail their hash (a blob's sha256, the seal, the gzip CRC): it was
+    altered after it was made. Nothing was imported."""
+
+    code = "tampered"
 
 
 class FenceRefusal(Refusal):

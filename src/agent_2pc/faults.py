@@ -61,6 +61,10 @@ SITES: dict[str, str] = {
     "fs._ensure_mode:fsync": "a mode set on a file already in place (a redo), synced",
     "fs._sync_made_dirs:fsync": "the apply syncs the directories it made before a big file's "
                                 "blob leaves objects/",
+    "bundles._write_file:write": "export writes a bundle (a temp file beside -o)",
+    "bundles._write_file:fsync": "export syncs the bundle",
+    "bundles._write_file:rename": "export renames the bundle to its name",
+    "bundles._write_file:fsync_dir": "export syncs the bundle's directory",
     "workspace._log_id:write": "trust gives a log without a header one (a new file)",
     "workspace._log_id:fsync": "... syncs it",
     "workspace._log_id:rename": "... renames it over the log",

@@ -9,6 +9,7 @@ import os
 
 from ..errors import UsageError
 from .args import FLAG, MULTI, Command, Opt, int_arg
+from .bundle import EXPORT, IMPORT
 from .fence import FENCE
 from .hook import HOOK
 from .mcp import MCP
@@ -482,6 +483,8 @@ COMMANDS: tuple[Command, ...] = (
                 Opt("--no-verify", FLAG, help="skip the pre-commit and commit-msg hooks"),
                 Opt("--sign", FLAG, help="GPG-sign the commit (default: commit.gpgSign)")),
             one_of=(("message", "file"),), extra={"text": text_git_commit}),
+    EXPORT,
+    IMPORT,
     Command("abort", "abort: nothing staged reaches the tree", run_abort, (
         TID, Opt("--reason", metavar="S", help="why (kept in the history)")),
         extra={"text": text_outcome}),

@@ -109,6 +109,16 @@ class Agent2PC:
     def status(self, tid: str | None = None) -> dict[str, Any]:
         return self.engine.status(tid)
 
+    def import_bundle(self, path: str | os.PathLike[str], label: str | None = None
+                      ) -> dict[str, Any]:
+        """Register the bundle file ``path`` (``.a2pc``, made by ``Transaction.export``) as a
+        new active transaction of this workspace, with the bundle's staged changes, reads,
+        savepoints and base hashes (``label`` replaces the bundle's). ``{tid, files, again,
+        origin, checks}``: ``checks`` reports the exporter's checks, which are not run or
+        trusted here. Raises InvalidBundle or Tampered (nothing imported). A bundle whose
+        transaction is still live here answers it again (``again: true``)."""
+        return self.engine.import_bundle(os.fspath(path), label)
+
     def run_batch(self, manifest: dict[str, Any] | str | bytes) -> dict[str, Any]:
         from .batch import run_batch
 
@@ -264,6 +274,13 @@ class Transaction:
 
     def commit(self) -> dict[str, Any]:
         return self._engine.commit(self.tid)
+
+    def export(self, path: str | os.PathLike[str]) -> dict[str, Any]:
+        """Write this (active) transaction to the bundle file ``path`` (``.a2pc``), atomically;
+        another workspace imports it with ``Agent2PC.import_bundle``. The transaction stays
+        active here. ``{tid, path, bytes, sha256}``; the same transaction always gives the
+        same bytes."""
+        return self._engine.export_bundle(self.tid, os.fspath(path))
 
     def git_commit(self, message: str, author: str | None = None,
                    branch: str | None = None, verify: bool = True, sign: bool | None = None

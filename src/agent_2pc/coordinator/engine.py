@@ -197,6 +197,18 @@ class Engine:
     def status(self, tid: str | None = None) -> dict[str, Any]:
         return self.staging.status(tid)
 
+    # -- bundles (bundles.py) ------------------------------------------------------------------
+
+    def export_bundle(self, tid: str, path: str) -> dict[str, Any]:
+        from .bundles import export
+
+        return export(self, tid, path)
+
+    def import_bundle(self, path: str, label: str | None = None) -> dict[str, Any]:
+        from .bundles import import_bundle
+
+        return import_bundle(self, path, label)
+
     # -- runs (runs.py) ----------------------------------------------------------------------
 
     def stage_cmd(self, tid: str, command: str | list[str], timeout_ms: int | None = None,

@@ -544,6 +544,8 @@ class Staging:
             for participant in self.participants:
                 row.update(participant.describe(tx))
             row["savepoints"] = [s[0] for s in tx.savepoints]
+            if tx.origin is not None:
+                row["origin"] = tx.origin  # imported from a bundle (coordinator/bundles.py)
             if tx.deadline_ms:
                 row["expires_at"] = iso_ms(tx.deadline_ms)
             if tx.reason:

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         timeout_ms: NotRequired[int | None]
         boot: NotRequired[str | None]
         pid: NotRequired[int]
+        origin: NotRequired[dict[str, Any]]  # an imported bundle's (coordinator/bundles.py)
 
     class ReadRecord(_Common):
         type: Literal["read"]
@@ -167,7 +168,8 @@ _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, Non
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
     "begin": (("label", _S_N, False, None), ("timeout_ms", _I_N, False, None),
-              ("boot", _S_N, False, None), ("pid", _I, False, None)),
+              ("boot", _S_N, False, None), ("pid", _I, False, None),
+              ("origin", _D, False, None)),
     "read": (("path", _S, True, None), ("sha256", _S_N, False, None)),
     "stage": (("path", _S, True, None), ("op", _S, True, None), ("via", _S_N, False, None),
               ("blob", _S_N, False, None), ("size", _I, False, None),
@@ -281,9 +283,12 @@ def log_header(workspace: str, *, ts: int) -> LogHeaderRecord:
 
 
 def begin(tid: str, *, label: str | None, timeout_ms: int | None, boot: str | None,
-          pid: int) -> BeginRecord:
+          pid: int, origin: dict[str, Any] | None = None) -> BeginRecord:
+    """``origin`` is written for a transaction imported from a bundle only."""
     rec: BeginRecord = {"type": "begin", "tid": tid, "ts": now_ms(), "label": label,
                         "timeout_ms": timeout_ms, "boot": boot, "pid": pid}
+    if origin is not None:
+        rec["origin"] = origin
     _check_built(rec)
     return rec
 

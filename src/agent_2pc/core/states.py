@@ -117,7 +117,7 @@ class Tx:
     __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
                  "effects", "results", "checks", "savepoints", "outcome", "code", "reason",
                  "decision_fields", "prepared", "files",
-                 "diverged", "uncompensated", "ended_ms", "frames")
+                 "diverged", "uncompensated", "ended_ms", "frames", "origin")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
                  timeout_ms: int | None, boot: str | None) -> None:
@@ -144,6 +144,7 @@ class Tx:
         self.uncompensated: list[int] = []  # calls that may have happened and were not undone
         self.ended_ms: int | None = None
         self.frames: list[bytes | memoryview] = []  # its records' frames (for compaction)
+        self.origin: dict[str, Any] | None = None  # where an imported transaction came from
 
     @property
     def deadline_ms(self) -> int | None:
@@ -218,6 +219,7 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryv
     if t == "begin":
         tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
                 timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))
+        tx.origin = rec.get("origin")
         txs[tid] = tx
     else:
         assert tx is not None

@@ -368,6 +368,46 @@ class StatusOut(Out):
     health: HealthOut | None = None
 
 
+class ExportIn(In):
+    tid: Tid
+    path: str = Field(min_length=1, max_length=4096, description=(
+        "The bundle file to write, e.g. \"review.a2pc\" (relative to the server's working "
+        "directory, or absolute; replaced atomically if it exists)."))
+
+
+class ImportIn(In):
+    path: str = Field(min_length=1, max_length=4096, description=(
+        "The bundle file (.a2pc) to import, made by agent_2pc_export or `agent-2pc export`."))
+    label: str | None = Field(None, max_length=NAME_CHARS_MAX, description=(
+        "A label for the new transaction; default: the bundle's."))
+
+
+class ExportOut(Out):
+    tid: str
+    path: str = Field(description="The absolute path of the bundle written.")
+    bytes: int
+    sha256: str = Field(description="The sha256 of the bundle file.")
+
+
+class BundleCheck(Out):
+    command: str | list[str]
+    passed: bool
+    exit_code: int | None = None
+    current: bool = Field(description="The run saw the content the bundle carries (false: "
+                                      "earlier staged content).")
+
+
+class ImportOut(Out):
+    tid: str = Field(description="The new transaction of this workspace (active).")
+    files: list[str]
+    again: bool = Field(description="True when this bundle was imported before and that "
+                                    "transaction is still live: it is answered again.")
+    origin: dict[str, Any] = Field(description="{tid, bundle, workspace, created_at}: where "
+                                               "the transaction came from.")
+    checks: list[BundleCheck] = Field(description="The exporter's checks and how they came "
+                                                  "out: a report, not run or trusted here.")
+
+
 class CommitOut(Out):
     tid: str
     state: Literal["committed"]

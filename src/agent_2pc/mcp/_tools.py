@@ -418,6 +418,35 @@ TOOLS: tuple[ToolSpec, ...] = (
                                               verify=not a.no_verify, sign=a.sign),
         ann(destructive=True)),
     ToolSpec(
+        "agent_2pc_export", "Export the transaction to a bundle file",
+        "Write an active transaction (its staged changes, the base hash of every file it "
+        "touches, its reads, savepoints, label and its checks' results) to one .a2pc file, so "
+        "that another agent or a person can review and commit it in their own copy of the "
+        "repository (agent_2pc_import there). Nothing is applied; the transaction stays active "
+        "here (abort it once handed over, or it may be committed twice: the second commit "
+        "would conflict). Returns {tid, path, bytes, sha256}. Errors: usage (a transaction "
+        "with staged HTTP calls or a git commit cannot be exported; path is a directory), "
+        "io_error (the disk refused: no partial file is left)." + _TID_ERRORS,
+        m.ExportIn, (m.ExportOut,),
+        lambda rt, a: rt.tx(a.tid).export(a.path),
+        ann(idempotent=True)),
+    ToolSpec(
+        "agent_2pc_import", "Import a bundle file as a transaction",
+        "Register a .a2pc bundle (from agent_2pc_export) as a new active transaction of this "
+        "workspace. Then review it with agent_2pc_diff, run your own checks with "
+        "agent_2pc_stage_cmd (the exporter's checks are only reported, in checks: they are not "
+        "run or trusted here), and agent_2pc_commit or agent_2pc_abort it. If a file it changes "
+        "or read was changed here since the bundle was made, the commit answers conflict and "
+        "applies nothing. Returns {tid, files, again, origin, checks}; importing the same "
+        "bundle again while its transaction is live answers that transaction (again: true). "
+        "Errors: invalid_bundle (not a bundle, truncated, a newer format version, a path "
+        "outside the repository or in .git/, a link pointing out, sizes past the limits), "
+        "usage (no such file); ok:false tampered (the bundle's bytes fail their hash: it was "
+        "altered; ask for it again). Nothing is imported on an error.",
+        m.ImportIn, (m.ImportOut,),
+        lambda rt, a: rt.client().import_bundle(a.path, label=a.label),
+        ann(idempotent=True)),
+    ToolSpec(
         "agent_2pc_abort", "Abort the transaction",
         "Abort: nothing staged reaches the tree. Use it when the task fails or you give up. "
         "Returns {tid, state: \"aborted\"}; aborting again answers the same. Errors: bad_state "

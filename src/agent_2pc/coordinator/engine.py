@@ -251,8 +251,8 @@ class Engine:
         if binding is not None:
             if branch not in (None, binding["branch"]):
                 raise UsageError(f"{tid} was begun on the branch {binding['branch']} "
-                                 f"(begin --git-branch): git-commit commits onto it, not "
-                                 f"onto {branch}", params=("branch",))
+                                 f"(`git_branch`): git-commit commits onto it, not onto "
+                                 f"{branch}", params=("branch", "git_branch"))
             branch = binding["branch"]
         message, hooks, hooks_dir = self.runs.git_hooks(tid, message, branch, verify)
         self.staging.stage_effect(tid, "git", {"message": message, "author": author,

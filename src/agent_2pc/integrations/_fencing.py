@@ -49,12 +49,20 @@ class ToolFence:
                  domain: str = "default", agent: str | None = None,
                  failed_on: tuple[type[BaseException], ...] = (),
                  wait_s: float = DEFAULT_WAIT_S) -> None:
-        self.fence = open_store(fence, root)
+        self._spec, self._root = fence, root
+        self._fence: Fence | None = None
         self.namespace = namespace
         self.domain = domain
         self.agent = agent
         self.failed_on = failed_on
         self.wait_s = wait_s
+
+    @property
+    def fence(self) -> Fence:
+        """The fence, opened at first use (a tool may be made before its workspace exists)."""
+        if self._fence is None:
+            self._fence = open_store(self._spec, self._root)
+        return self._fence
 
     def intent(self, tool: str, call_id: str | None, key: str | None) -> str:
         name = key if key is not None else call_id

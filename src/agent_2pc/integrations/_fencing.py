@@ -64,6 +64,11 @@ class ToolFence:
             self._fence = open_store(self._spec, self._root)
         return self._fence
 
+    def use_root(self, root: str | None) -> None:
+        """Where to find the workspace's store when none was named (a run's config says)."""
+        if root and self._fence is None and self._spec is None and self._root is None:
+            self._root = root
+
     def intent(self, tool: str, call_id: str | None, key: str | None) -> str:
         name = key if key is not None else call_id
         if not name:

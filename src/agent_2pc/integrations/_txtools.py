@@ -37,6 +37,28 @@ def _run_output(res: dict[str, Any]) -> str:
     return text[-OUTPUT_CHARS_MAX:]
 
 
+def _exec(tx: Transaction, command: str) -> dict[str, Any]:
+    try:
+        res = tx.exec(["/bin/sh", "-c", command], keep_on_failure=True)
+    except CheckFailed as err:  # it failed: what it changed is staged all the same
+        res = err.details.get("result") or {}
+        if "exit_code" not in res:
+            raise
+    return {"exit_code": res["exit_code"], "output": _run_output(res),
+            "captured": [{"path": c["path"], "op": c["op"]} for c in res.get("captured") or []]}
+
+
+def _check(tx: Transaction, command: str) -> dict[str, Any]:
+    try:
+        res = tx.stage_cmd(command)
+    except CheckFailed as err:  # a failing check is an answer
+        res = err.details.get("result") or {}
+        if "exit_code" not in res:
+            raise
+    return {"passed": bool(res.get("passed")), "exit_code": res["exit_code"],
+            "output": _run_output(res)}
+
+
 def transaction_tools(tx: Transaction, *, allow_commit: bool = True
                       ) -> list[Callable[..., dict[str, Any]]]:
     """The tools on ``tx``: functions with annotations and docstrings (their schemas)."""
@@ -69,31 +91,12 @@ def transaction_tools(tx: Transaction, *, allow_commit: bool = True
     def run_command(command: str) -> dict[str, Any]:
         """Run a shell command in the transaction's staged view of the repository and stage
         what it changes. Answers its exit code, its output and the staged changes."""
-        def run() -> dict[str, Any]:
-            try:
-                res = tx.exec(["/bin/sh", "-c", command], keep_on_failure=True)
-            except CheckFailed as err:
-                res = err.details.get("result") or {}
-                if "exit_code" not in res:
-                    raise
-            return {"exit_code": res["exit_code"], "output": _run_output(res),
-                    "captured": [{"path": c["path"], "op": c["op"]}
-                                 for c in res.get("captured") or []]}
-        return _answer(run)
+        return _answer(lambda: _exec(tx, command))
 
     def run_check(command: str) -> dict[str, Any]:
         """Run a check (tests, a linter) in the staged view. Commit runs it again if the
-        files change after it passed, and refuses to commit while it fails."""
-        def run() -> dict[str, Any]:
-            try:
-                res = tx.stage_cmd(command)
-            except CheckFailed as err:
-                res = err.details.get("result") or {}
-                if "exit_code" not in res:
-                    raise
-            return {"passed": bool(res.get("passed")), "exit_code": res["exit_code"],
-                    "output": _run_output(res)}
-        return _answer(run)
+        files changed since; a commit while it fails aborts the transaction: fix it first."""
+        return _answer(lambda: _check(tx, command))
 
     def show_diff() -> dict[str, Any]:
         """What the transaction would change: the files and a unified diff."""

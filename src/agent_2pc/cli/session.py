@@ -76,11 +76,12 @@ def _run_checks(tx: Transaction, checks: list[str], quiet: bool) -> list[dict[st
     if the content changes). The answer lists ``{command, passed, exit_code, log}``."""
     out = []
     for command in checks:
+        r: dict[str, Any]
         try:
             r = tx.stage_cmd(command)
         except CheckFailed as err:
-            r = err.details.get("result") if isinstance(err.details.get("result"), dict) else {}
-            r = {**r, "passed": False}
+            got = err.details.get("result")
+            r = {**(got if isinstance(got, dict) else {}), "passed": False}
         row = {"command": command, "passed": bool(r.get("passed")),
                "exit_code": r.get("exit_code"), "log": r.get("log")}
         out.append(row)

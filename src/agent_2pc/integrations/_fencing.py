@@ -80,9 +80,10 @@ class ToolFence:
     def _once(self, tool: str, args: dict[str, Any], call_id: str | None, key: str | None,
               fn: Callable[[], Any]) -> Callable[[], Any]:
         intent = self.intent(tool, call_id, key)
-        return self.fence.once(lambda: intent, self.domain, tool=tool, agent=self.agent,
-                               args=lambda: args, failed_on=self.failed_on,
-                               wait_s=self.wait_s)(fn)
+        wrapped: Callable[[], Any] = self.fence.once(
+            lambda: intent, self.domain, tool=tool, agent=self.agent, args=lambda: args,
+            failed_on=self.failed_on, wait_s=self.wait_s)(fn)
+        return wrapped
 
     def call(self, tool: str, args: dict[str, Any], fn: Callable[[], Any], *,
              call_id: str | None = None, key: str | None = None) -> Any:

@@ -192,8 +192,8 @@ class TransactionalGraph:
     def __getattr__(self, name: str) -> Any:  # get_state, stream, ... as the graph's
         return getattr(self.graph, name)
 
-    def _begin(self, config: RunnableConfig | None) -> tuple[Transaction, RunnableConfig]:
-        config = dict(config or {})
+    def _begin(self, given: RunnableConfig | None) -> tuple[Transaction, RunnableConfig]:
+        config: dict[str, Any] = dict(given or {})
         configurable = dict(config.get("configurable") or {})
         thread = configurable.get("thread_id")
         label = self.label or (LABEL.format(thread) if thread is not None else "langgraph run")

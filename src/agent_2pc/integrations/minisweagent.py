@@ -76,19 +76,20 @@ class TransactionEnvironment(LocalEnvironment):
         env = [f"{k}={v}" for k, v in self.config.env.items()]
         return (["env", *env] if env else []) + ["/bin/sh", "-c", command]
 
-    def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None
+    def execute(self, action: dict[str, Any], cwd: str = "", *, timeout: int | None = None
                 ) -> dict[str, Any]:
         """Run the action's command in the staged view and stage what it changed (whatever its
         exit status, as a shell would have left it); a submission commits."""
         command = action.get("command", "")
         seconds = timeout or self.config.timeout
+        res: dict[str, Any]
         try:
             res = self.tx.exec(self._argv(command, cwd), timeout_ms=int(seconds * 1000),
                                keep_on_failure=True)
         except CheckFailed as err:
-            res = err.details.get("result") if isinstance(err.details.get("result"), dict) \
-                else None
-            if res is None or "exit_code" not in res:
+            got = err.details.get("result")
+            res = got if isinstance(got, dict) else {}
+            if "exit_code" not in res:
                 return _failed(f"agent-2pc refused the command: {err.message}", err.code)
             if res.get("timed_out"):
                 out = _failed(f"An error occurred while executing the command: it timed out "

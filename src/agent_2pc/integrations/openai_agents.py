@@ -83,7 +83,7 @@ def fenced_tool(fn: Callable[..., Any] | None = None, *,
                 call_id=ctx.tool_call_id, key=key)
 
         functools.update_wrapper(wrapper, func)
-        del wrapper.__wrapped__  # the SDK reads the signature below, not func's
+        del wrapper.__wrapped__  # type: ignore[attr-defined]  # the SDK reads the signature below
         ctx_param = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                       annotation=ToolContext[Any])
         wrapper.__signature__ = sig.replace(  # type: ignore[attr-defined]

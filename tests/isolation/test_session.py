@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -172,6 +173,20 @@ def test_diff_then_commit_shows_the_diff_and_asks_again(repo, term, shared_tmp):
     assert repo.read("new.txt") == "made by the agent\n"
 
 
+def test_a_long_diff_is_shown_in_the_pager_and_the_question_comes_back(repo, term, shared_tmp):
+    start = _session(term, "", f"sh -c '{_agent(shared_tmp)} && seq 1 300 > long.txt'")
+    _talk_to_agent(term, start)
+    first = term.wait_for(r"\[k\]eep for later\? ", after=start).end()
+    term.type("d")
+    term.wait_for(r"\+1\s+\+2\s", after=first)  # less holds the screen: the diff's top
+    screen = term.screen()[first:]
+    assert "+300" not in screen  # not all of it: it waits
+    term.keys("q")
+    term.wait_for(r"\[k\]eep for later\? ", after=first)
+    term.type("a")
+    assert _rc(term, r"aborted \S+", first) == 0
+
+
 def test_keep_answer_leaves_the_transaction_active_with_the_work(repo, term, shared_tmp):
     start = _session(term, "", _agent(shared_tmp))
     _talk_to_agent(term, start)
@@ -279,3 +294,24 @@ def test_session_without_a_program_is_a_usage_error(repo):
                           text=True)
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == "usage"
     assert repo.client.transactions() == []
+
+
+def test_a_session_killed_during_the_program_keeps_the_work_for_recover(repo, term, shared_tmp):
+    from agent_2pc.isolation import TIERS, probe_tiers
+
+    from .conftest import pids_matching
+
+    if all(why is not None for tier, why in probe_tiers().items() if tier != TIERS[-1]):
+        pytest.skip("only the copy tier here: its capture dies with its caller")
+    start = _session(term, "", _agent(shared_tmp, "edit-first"))
+    tid = term.wait_for(r"agent-2pc session (\S+):", after=start).group(1)
+    term.wait_for(r"agent> ", after=start)
+    pid = [p for p in pids_matching(" session -- ") if p != term.pane_pid()][0]
+    os.kill(pid, signal.SIGKILL)  # the OOM killer, say
+    term.wait_for(r"Killed", after=start)
+    mark = term.mark()
+    term.type(f"{A2PC} recover; {A2PC} stage-kept --tid {tid}; echo RC-$?-KEPT")
+    term.wait_for(r"RC-0-KEPT", after=mark)
+    assert repo.staged_files(tid) == {"app.py": "write", "new.txt": "write", "old.txt": "delete"}
+    assert repo.untouched()
+    _terminal_is_cooked(term, mark)

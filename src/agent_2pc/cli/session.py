@@ -186,12 +186,35 @@ def _prompt(tx: Transaction, summary: dict[str, Any], failed: list[str]) -> dict
         if answer in ("a", "abort"):
             return tx.abort("session: aborted at the question")
         if answer in ("d", "diff"):
-            text = tx.diff()["diff"]
-            sys.stdout.write((text or "(no changes)\n") if text.endswith("\n") or not text
-                             else text + "\n")
-            sys.stdout.flush()
+            text = tx.diff()["diff"] or "(no changes)"
+            show(text if text.endswith("\n") else text + "\n")
             continue
         _say("answer c, a, d or k")
+
+
+def show(text: str) -> None:
+    """Print ``text``; on a terminal through the pager as git does ($AGENT2PC_PAGER, else
+    $PAGER, else ``less -FRX``: it quits at once when the text fits the screen)."""
+    import os
+
+    pager = os.environ.get("AGENT2PC_PAGER", os.environ.get("PAGER", "less -FRX"))
+    if pager and pager != "cat" and sys.stdout.isatty():
+        import subprocess
+
+        try:
+            proc = subprocess.Popen(pager, shell=True, stdin=subprocess.PIPE)
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(text.encode("utf-8", "surrogateescape"))
+                proc.stdin.close()
+            except BrokenPipeError:  # the person quit before the end
+                pass
+            if proc.wait() != 127:  # 127: the shell found no such pager
+                return
+        except OSError:
+            pass
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def text_session(r: dict[str, Any]) -> str:

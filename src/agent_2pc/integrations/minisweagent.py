@@ -139,7 +139,7 @@ class TransactionEnvironment(LocalEnvironment):
         if self.outcome is None:
             try:
                 self.finish(why)
-            except Agent2PCError:
+            except (Agent2PCError, OSError):  # the workspace is gone or refuses: nothing to do
                 pass
 
     def __enter__(self) -> TransactionEnvironment:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -242,6 +243,11 @@ def test_json_answers_as_commit_or_as_kept_without_a_question(repo, term, shared
     start = _session(term, "--json --check true" + (" --yes" if yes else ""),
                      _agent(shared_tmp) + f" > {out}")
     _talk_to_agent(term, start)
+    # Type nothing before the session ended: keys typed while the agent runs are the agent's.
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(out) and os.path.getsize(out)):
+        assert time.monotonic() < deadline, term.screen()[start:]
+        time.sleep(0.05)
     assert _rc(term, r"agent finished", start) == 0
     assert "[c]ommit" not in term.screen()[start:]
     with open(out) as f:

@@ -13,6 +13,7 @@ from .bundle import EXPORT, IMPORT
 from .fence import FENCE
 from .hook import HOOK
 from .mcp import MCP
+from .session import run_session, text_session
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -440,6 +441,14 @@ COMMANDS: tuple[Command, ...] = (
                     "network"),
                 Opt("--network", FLAG, help="with --sandbox: allow the network")),
             takes_rest=True),
+    Command("session", "run a program (an agent, a shell) in a new transaction's staged view, "
+            "then commit, abort, show the diff or keep it", run_session, (
+                Opt("--label", metavar="S", help="a note shown by status and list"),
+                Opt("--check", MULTI, metavar="CMD", help="a check to run on the result before "
+                    "committing (repeatable; run by /bin/sh -c)"),
+                Opt("--yes", FLAG, help="commit without asking when the program succeeded and "
+                    "the checks passed")),
+            takes_rest=True, extra={"text": text_session}),
     Command("stage-kept", "stage what a failed terminal session of exec kept aside",
             run_stage_kept, (TID,), extra={"text": text_exec}),
     Command("stage-wasm", "run a WASI module in the staged view and stage what it writes",

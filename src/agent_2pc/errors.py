@@ -130,6 +130,13 @@ class InvalidManifest(InputError):
     code = "invalid_manifest"
 
 
+class SqlFailed(InputError):
+    """A staged SQL statement failed (or its server could not be reached): the server's
+    message, and ``sqlstate`` (participants/postgres.py)."""
+
+    code = "sql_failed"
+
+
 # -- the workspace or host cannot serve: exit 2 ------------------------------------------------
 
 

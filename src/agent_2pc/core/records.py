@@ -155,6 +155,8 @@ EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
     "http": _REQUEST,
     "git": (("message", _S, True, None), ("author", _S_N, False, None),  # participants/git.py
             ("branch", _S, True, None), ("prefix", _S, True, None)),
+    "sql": (("dsn", _S, True, None), ("sql", _S, True, None),  # participants/postgres.py
+            ("rows_affected", _I, False, None)),
 }
 # What a commit decision carries for the git participant's redo (participants/git.py).
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),

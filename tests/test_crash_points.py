@@ -186,6 +186,9 @@ SCENARIOS = {
 COVERED_IN = {
     "git.after_objects": "tests/test_git_commit.py",
     "git.after_ref": "tests/test_git_commit.py",
+    "sql.after_gid_logged": "tests/test_postgres_sql.py",
+    "sql.after_prepare": "tests/test_postgres_sql.py",
+    "sql.after_commit_prepared": "tests/test_postgres_sql.py",
 }
 
 

@@ -9,6 +9,7 @@ are skipped -- unless $AGENT2PC_REQUIRE_POSTGRES=1 (CI), which turns the skip in
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
 import pwd
@@ -91,3 +92,32 @@ class Cluster:
         except (subprocess.SubprocessError, OSError):
             pass
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_server: dict[str, str] = {}
+
+
+def server_2pc() -> str:
+    """The DSN of a server with max_prepared_transactions > 0: $AGENT2PC_TEST_POSTGRES_2PC_DSN,
+    else one throwaway cluster per test process (started on first use, stopped at exit).
+    Skips (fails under AGENT2PC_REQUIRE_POSTGRES=1) when neither is possible."""
+    if "dsn" in _server:
+        return _server["dsn"]
+    explicit = os.environ.get("AGENT2PC_TEST_POSTGRES_2PC_DSN")
+    if explicit:
+        why = can_connect(explicit)
+        if why:
+            unavailable(f"AGENT2PC_TEST_POSTGRES_2PC_DSN does not connect: {why}")
+        _server["dsn"] = explicit
+        return explicit
+    if "failed" in _server:
+        unavailable(_server["failed"])
+    try:
+        cluster = Cluster(max_prepared_transactions=20)
+        dsn = cluster.start()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        _server["failed"] = f"a throwaway cluster did not start: {exc}"
+        unavailable(_server["failed"])
+    atexit.register(cluster.stop)
+    _server["dsn"] = dsn
+    return dsn

@@ -7,16 +7,15 @@ step (AGENT2PC_CRASH_AT) then `agent-2pc recover`.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from crashkit import cli, snapshot
-from pg_cluster import Cluster, can_connect, unavailable
+from pg_cluster import Cluster, can_connect, server_2pc
 
 from agent_2pc import Agent2PC
 from agent_2pc.participants.postgres import statement_heads
@@ -27,24 +26,9 @@ SHARED_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture(scope="session")
-def pg2pc() -> Iterator[str]:
+def pg2pc() -> str:
     """A server with max_prepared_transactions > 0."""
-    explicit = os.environ.get("AGENT2PC_TEST_POSTGRES_2PC_DSN")
-    if explicit:
-        why = can_connect(explicit)
-        if why:
-            unavailable(f"AGENT2PC_TEST_POSTGRES_2PC_DSN does not connect: {why}")
-        yield explicit
-        return
-    try:
-        cluster = Cluster(max_prepared_transactions=20)
-        dsn = cluster.start()
-    except Exception as exc:  # noqa: BLE001 - any failure to start is "unavailable"
-        unavailable(f"a throwaway cluster did not start: {exc}")
-    try:
-        yield dsn
-    finally:
-        cluster.stop()
+    return server_2pc()
 
 
 def sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -61,7 +45,7 @@ class World:
     def __init__(self, tmp_path: Path, dsn: str) -> None:
         self.dsn = dsn
         self.root = tmp_path / "ws"
-        self.root.mkdir()
+        self.root.mkdir(parents=True)
         (self.root / "app.txt").write_text("v1\n")
         self.client = Agent2PC.init(self.root)
         self.table = f"t_{uuid.uuid4().hex[:10]}"
@@ -246,6 +230,86 @@ def test_a_connection_cut_at_prepare_aborts_cleanly(world: World):
     assert snapshot(world.root) == world.old
     assert world.rows() == [] and world.prepared(tid) == []
     assert world.state(tid) == "aborted"
+
+
+def second_database(dsn: str) -> str:
+    """The DSN of another database on the same server (made once)."""
+    import psycopg
+
+    if not sql(dsn, "SELECT 1 FROM pg_database WHERE datname = 'a2pc_second'"):
+        try:
+            sql(dsn, "CREATE DATABASE a2pc_second")
+        except psycopg.errors.DuplicateDatabase:
+            pass  # another test process made it meanwhile
+    return psycopg.conninfo.make_conninfo(dsn, dbname="a2pc_second")
+
+
+def test_a_no_from_a_second_database_rolls_back_the_first_prepared_one(world: World):
+    other = second_database(world.dsn)
+    sql(other, f"CREATE TABLE {world.table} (id int PRIMARY KEY)")
+    tid = world.begin()
+    assert world.stage(tid)[0] == 0  # the first database: prepared first at commit
+    rc, out = world.cli("stage-sql", "--tid", tid, "--dsn", other, "--sql",
+                        f"INSERT INTO {world.table} VALUES (1)")
+    assert rc == 0, out
+    sql(other, f"INSERT INTO {world.table} VALUES (1)")  # another writer, after staging
+    rc, out = world.cli("commit", "--tid", tid)
+    assert rc == 1 and out["error"]["code"] == "conflict", out
+    assert world.rows() == [] and snapshot(world.root) == world.old
+    assert sql(other, f"SELECT id FROM {world.table}") == [(1,)]
+    assert world.prepared(tid) == [] and world.state(tid) == "aborted"
+
+
+def test_two_workspaces_racing_for_one_row_commit_exactly_one(tmp_path: Path, pg2pc: str):
+    import subprocess
+    import sys
+
+    a, b = World(tmp_path / "a", pg2pc), World(tmp_path / "b", pg2pc)
+    b.table = a.table  # one table, two workspaces
+    tids = []
+    for w in (a, b):
+        tid = w.begin()
+        assert w.stage(tid, statements=f"INSERT INTO {a.table} VALUES (1, '{w.root.parent.name}')"
+                       )[0] == 0
+        tids.append(tid)
+    procs = [subprocess.Popen([sys.executable, "-m", "agent_2pc", "--root", str(w.root),
+                               "commit", "--tid", tid, "--json"], stdout=subprocess.PIPE,
+                              text=True) for w, tid in zip((a, b), tids, strict=True)]
+    outs = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 1], outs
+    winner = (a, b)[[p.returncode for p in procs].index(0)]
+    loser_out = outs[[p.returncode for p in procs].index(1)]
+    assert loser_out["error"]["code"] == "conflict", loser_out
+    assert a.rows() == [(1, winner.root.parent.name)]
+    for w in (a, b):
+        expected = "v2\n" if w is winner else "v1\n"
+        assert (w.root / "app.txt").read_text() == expected
+    assert a.prepared(tids[0]) == [] and b.prepared(tids[1]) == []
+
+
+def test_status_shows_each_database_and_a_batch_step_commits_sql(world: World, tmp_path: Path):
+    tid = world.begin()
+    assert world.stage(tid)[0] == 0
+    rc, out = world.cli("status", "--tid", tid)
+    assert out["transactions"][0]["sql"] == [{
+        "dsn": world.dsn, "gid": out["transactions"][0]["sql"][0]["gid"], "statements": 1,
+        "outcome": "staged"}], out
+    assert world.cli("abort", "--tid", tid)[0] == 0
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"steps": [
+        {"participant_id": "fs", "intent": {"type": "fs_write", "path": "app.txt",
+                                            "content": "v3\n"}},
+        {"participant_id": "db", "intent": {"type": "sql", "dsn": world.dsn,
+                                            "sql": f"INSERT INTO {world.table} VALUES (4, 'd')"}},
+    ]}))
+    rc, out = world.cli("run-batch", "--file", str(manifest))
+    assert rc == 0 and out["state"] == "committed", out
+    assert world.rows() == [(4, "d")] and (world.root / "app.txt").read_text() == "v3\n"
+    manifest.write_text(json.dumps({"steps": [
+        {"participant_id": "db", "intent": {"type": "sql", "dsn": world.dsn, "sql": "COMMIT"}}]}))
+    rc, out = world.cli("run-batch", "--file", str(manifest))
+    assert rc == 2 and out["error"]["code"] == "invalid_manifest", out
 
 
 # -- crashes -------------------------------------------------------------------------------------

@@ -114,7 +114,9 @@ class PostgresParticipant:
                     sent = True
                     cur.execute(f"PREPARE TRANSACTION '{gid}'")
         except psycopg.Error as exc:
-            outcome = UNKNOWN if sent and not _refused(exc) else FAILED
+            # Before PREPARE was sent, the server rolls the transaction back on any error or
+            # a lost connection; after it, only pg_prepared_xacts can tell (undo asks it).
+            outcome = UNKNOWN if sent else FAILED
             code = vote_code(exc)
             why = f"{shown}: {server_message(exc)}"
             ctx.record({"phase": "effect", "n": n, "outcome": outcome, "code": code,
@@ -434,8 +436,3 @@ def vote_code(exc: Any) -> str:
     state = getattr(exc, "sqlstate", None) or ""
     return "conflict" if state[:2] in ("23", "40") or state == "55P03" else "effect_failed"
 
-
-def _refused(exc: Any) -> bool:
-    """Did the server answer PREPARE with an error (so nothing is prepared)? A lost
-    connection has no SQLSTATE."""
-    return bool(getattr(exc, "sqlstate", None))

@@ -35,6 +35,7 @@ psycopg is imported here only, when a statement is staged or a group is prepared
 from __future__ import annotations
 
 import os
+import re
 
 from .. import crashpoints
 from ..errors import Agent2PCError, IsolationUnavailable, SqlFailed, UsageError
@@ -59,6 +60,7 @@ ROW_COMMANDS = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "COPY"})
 PREPARING, PREPARED, FAILED, UNKNOWN, ROLLED_BACK = (
     "preparing", "prepared", "failed", "unknown", "rolled_back")
 MAY_BE_PREPARED = frozenset({PREPARING, PREPARED, UNKNOWN})
+GID_RE = re.compile(r"a2pc_[A-Za-z0-9_]{1,150}")
 
 
 class PostgresParticipant:
@@ -112,7 +114,7 @@ class PostgresParticipant:
                     for sql in group["sql"]:
                         cur.execute(sql)
                     sent = True
-                    cur.execute(f"PREPARE TRANSACTION '{gid}'")
+                    cur.execute(f"PREPARE TRANSACTION '{gid}'")  # a checked gid: groups()
         except psycopg.Error as exc:
             # Before PREPARE was sent, the server rolls the transaction back on any error or
             # a lost connection; after it, only pg_prepared_xacts can tell (undo asks it).
@@ -194,6 +196,11 @@ def groups(tx: Tx) -> list[dict[str, Any]]:
     for eff in tx.effects:
         if eff.get("kind") != KIND:
             continue
+        if not GID_RE.fullmatch(eff["key"]):  # it goes into SQL: only what staging makes
+            from ..errors import CorruptWal
+
+            raise CorruptWal(f"{tx.tid}: effect {eff['n']} has the key {eff['key']!r}, which "
+                             "is no global id agent-2pc makes")
         dsn = eff["request"]["dsn"]
         group = out.setdefault(dsn, {"dsn": dsn, "gid": eff["key"], "n": eff["n"], "sql": []})
         group["sql"].append(eff["request"]["sql"])
@@ -237,8 +244,6 @@ def statement_heads(sql: str) -> list[tuple[str, ...]]:
     """The first two words (upper case) of each statement of ``sql``: a lexer that knows
     Postgres's quotes ('...', E'...', "...", $tag$...$tag$) and comments (--, nested /* */),
     so a semicolon or a word inside them is not taken for one."""
-    import re
-
     heads: list[tuple[str, ...]] = []
     words: list[str] = []
     i, n = 0, len(sql)

@@ -343,6 +343,41 @@ def test_a_crash_then_recover_lands_files_and_rows_together(world: World, point:
     assert world.prepared(tid) == []
 
 
+def test_sigkill_mid_statement_at_prepare_then_recover_ends_its_session_and_rolls_back(
+        world: World):
+    import signal
+    import subprocess
+    import sys
+
+    flag = world.table + "_flag"
+    tid = world.begin()
+    assert world.stage(tid, statements=(
+        f"INSERT INTO {world.table} VALUES (1, 'a'); SELECT pg_sleep(CASE WHEN "
+        f"to_regclass('{flag}') IS NULL THEN 0 ELSE 120 END)"))[0] == 0
+    sql(world.dsn, f"CREATE TABLE {flag} ()")
+    mark = "a2pc_" + tid.replace("-", "_") + "%"
+    proc = subprocess.Popen([sys.executable, "-m", "agent_2pc", "--root", str(world.root),
+                             "commit", "--tid", tid, "--json"], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not sql(world.dsn, "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s "
+                  "AND state = 'active'", (mark,)):
+        assert time.monotonic() < deadline and proc.poll() is None, "no prepare seen"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # The server has not noticed: its session still sleeps, holding the row's lock.
+    assert sql(world.dsn, "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s",
+               (mark,))
+    t = time.monotonic()
+    rc, out = world.cli("recover")
+    assert rc == 0 and tid in out["rolled_back"], out
+    assert time.monotonic() - t < 60  # it ended the session rather than wait for the sleep
+    assert sql(world.dsn, "SELECT 1 FROM pg_stat_activity WHERE application_name LIKE %s",
+               (mark,)) == []
+    assert world.rows() == [] and world.prepared(tid) == []
+    assert snapshot(world.root) == world.old
+
+
 def test_recover_lists_a_prepared_transaction_it_cannot_reach_then_resolves_it(world: World):
     good = {"A2PC_TEST_DB": world.dsn}
     tid = world.begin()

@@ -189,6 +189,9 @@ COVERED_IN = {
     "git.after_ref": "tests/test_git_commit.py",
     "export.before_rename": "tests/test_bundles.py",
     "import.after_blobs": "tests/test_bundles.py",
+    "sql.after_gid_logged": "tests/test_postgres_sql.py",
+    "sql.after_prepare": "tests/test_postgres_sql.py",
+    "sql.after_commit_prepared": "tests/test_postgres_sql.py",
 }
 
 

@@ -37,6 +37,11 @@ POINTS: dict[str, str] = {
     "not updated yet",
     "export.before_rename": "a bundle is written and synced under its temp name, not renamed",
     "import.after_blobs": "an imported bundle's blobs are stored; its records are not appended",
+    "sql.after_gid_logged": "a SQL group's prepare is logged (synced, with its gid); no "
+    "PREPARE TRANSACTION sent",
+    "sql.after_prepare": "the database prepared the group's transaction; the vote not returned",
+    "sql.after_commit_prepared": "COMMIT PREPARED done (after the files); not recorded in the "
+    "log",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
 }

@@ -137,6 +137,11 @@ class InvalidBundle(InputError):
     version, a path out of the root, a size past the limits. Nothing was imported."""
 
     code = "invalid_bundle"
+class SqlFailed(InputError):
+    """A staged SQL statement failed (or its server could not be reached): the server's
+    message, and ``sqlstate`` (participants/postgres.py)."""
+
+    code = "sql_failed"
 
 
 # -- the workspace or host cannot serve: exit 2 ------------------------------------------------

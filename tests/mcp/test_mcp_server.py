@@ -24,6 +24,7 @@ CONTRACT_TOOLS = {
     "agent_2pc_overlay_exec", "agent_2pc_diff", "agent_2pc_savepoint", "agent_2pc_rollback_to",
     "agent_2pc_status", "agent_2pc_commit", "agent_2pc_abort", "agent_2pc_compact",
     "agent_2pc_hook_check", "agent_2pc_git_commit", "agent_2pc_export", "agent_2pc_import",
+    "agent_2pc_stage_sql",
     "fence_prepare", "fence_commit", "fence_abort", "fence_heartbeat", "fence_reconcile",
     "fence_status",
 }

@@ -134,6 +134,25 @@ def run_stage_api(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
                                   headers, args["idempotency_key"], compensate)
 
 
+def run_stage_sql(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    if args["sql"] is not None:
+        sql = args["sql"]
+    else:
+        from .inputs import read_input
+
+        data = read_input(args["file"], limit=1 << 20)
+        try:
+            sql = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise UsageError(f"{args['file']} is not UTF-8 text") from None
+    return ctx.tx(args).stage_sql(args["dsn"], sql)
+
+
+def text_sql(r: dict[str, Any]) -> str:
+    return (f"staged SQL step {r['n']}: {r['rows_affected']} rows affected (rolled back until "
+            "commit)")
+
+
 def _limits(args: dict[str, Any]) -> dict[str, int]:
     return {name: args[name] for name in LIMIT_NAMES if args.get(name) is not None}
 
@@ -420,6 +439,15 @@ COMMANDS: tuple[Command, ...] = (
                 Opt("--compensate-url", metavar="U", help="the compensation's URL"),
                 Opt("--compensate-body", metavar="JSON", help="the compensation's body")),
             extra={"text": text_api}),
+    Command("stage-sql", "stage SQL statements for a Postgres database, committed with the "
+            "files (PREPARE TRANSACTION)", run_stage_sql, (
+                TID,
+                Opt("--dsn", required=True, metavar="URL",
+                    help="postgresql://user@host/db (no password: PGPASSWORD, ~/.pgpass), or "
+                    "env:NAME"),
+                Opt("--sql", metavar="S", help="the statements"),
+                Opt("--file", metavar="F", help="read the statements from file F ('-': stdin)")),
+            one_of=(("sql", "file"),), extra={"text": text_sql}),
     Command("stage-cmd", "run a check in the staged view; commit re-runs it if content changes",
             run_stage_cmd, CMD_OPTS + (
                 Opt("--sandbox", FLAG, help="confine it: host read-only, private /tmp, no "

@@ -152,6 +152,7 @@ FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], Any]]]] = {
     "api": {"method": (True, _text), "url": (True, _text), "body": (False, _any),
             "headers": (False, _object), "idempotency_key": (False, _text),
             "compensate": (False, _object)},
+    "sql": {"dsn": (True, _nonempty), "sql": (True, _nonempty)},
 }
 _PATH_FIELDS = {"fs_write": "path", "fs_delete": "path", "fs_replace": "path",
                 "command": "working_dir"}
@@ -290,6 +291,11 @@ def _whole(kind: str, intent: dict[str, Any]) -> None:
     if kind == "api":
         http_call(intent["method"], intent["url"], intent.get("body"), intent.get("headers"),
                   intent.get("idempotency_key"), intent.get("compensate"))
+    if kind == "sql":  # the DSN (no password) and the statements (no BEGIN/COMMIT)
+        from ..participants.postgres import check_dsn, check_sql
+
+        check_dsn(intent["dsn"])
+        check_sql(intent["sql"])
     if kind == "fs_patch":
         from ..core.patch import parse_patch
 
@@ -339,6 +345,8 @@ def _execute(tx: Transaction, kind: str, intent: dict[str, Any], left_ms: int | 
                             working_dir=intent.get("working_dir"), env=intent.get("env"))
     if kind == "exec":
         return tx.exec(intent["argv"], _within(intent.get("timeout_ms"), left_ms))
+    if kind == "sql":
+        return tx.stage_sql(intent["dsn"], intent["sql"])
     assert kind == "api", kind
     return tx.stage_api(intent["method"], intent["url"], intent.get("body"),
                         intent.get("headers"), intent.get("idempotency_key"),

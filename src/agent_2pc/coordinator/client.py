@@ -297,6 +297,15 @@ class Transaction:
         TransactionAborted, as commit does (docs/git.md)."""
         return self._engine.git_commit(self.tid, message, author, branch, verify, sign)
 
+    def stage_sql(self, dsn: str, sql: str) -> dict[str, Any]:
+        """Stage SQL statements for the Postgres database at ``dsn`` (a URL or conninfo
+        without a password, or ``env:NAME``): run now in a transaction that is rolled back, so
+        an error raises SqlFailed (``sql_failed``, the server's message and ``sqlstate``) at
+        once; committed with the files through PREPARE TRANSACTION / COMMIT PREPARED. Returns
+        ``{n, rows_affected}``. A server with max_prepared_transactions = 0 raises
+        IsolationUnavailable (docs/postgres.md)."""
+        return self._engine.stage_sql(self.tid, dsn, sql)
+
     def abort(self, reason: str | None = None) -> dict[str, Any]:
         return self._engine.abort(self.tid, reason)
 

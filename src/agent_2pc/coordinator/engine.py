@@ -180,6 +180,17 @@ class Engine:
             "method": method, "url": url, "body": body, "headers": headers,
             "idempotency_key": idempotency_key, "compensate": compensate})
 
+    def stage_sql(self, tid: str, dsn: str, sql: str) -> dict[str, Any]:
+        """Stage SQL statements, run at once in a transaction that is rolled back (errors
+        surface now) and committed with the files through PREPARE TRANSACTION
+        (participants/postgres.py). They are checked after the statements staged before for
+        the same DSN, which commit with them in one database transaction."""
+        from ..participants.postgres import KIND, statements_before
+
+        with self.gate.active(tid) as tx:
+            before = statements_before(tx, dsn) if isinstance(dsn, str) else []
+        return self.staging.stage_effect(tid, KIND, {"dsn": dsn, "sql": sql, "before": before})
+
     def stage_effect(self, tid: str, kind: str, args: dict[str, Any]) -> dict[str, Any]:
         """Stage an effect of ``kind`` for the participant that owns it (the faces of a new
         participant call this; docs/design.md, "Adding a participant")."""

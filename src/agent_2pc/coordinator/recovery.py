@@ -148,7 +148,7 @@ class Recovery:
         if stuck:
             names = ", ".join(info["tid"] for info in stuck)
             raise ApplyIncomplete(
-                f"{names}: decided (commit), and applying it still fails "
+                f"{names}: decided, and carrying the decision out still fails "
                 f"({stuck[0]['error']}); fix the cause and run 'agent-2pc recover' again",
                 transactions=stuck, **out)
         return out

@@ -83,7 +83,11 @@ class TwoPhase:
         vote = self._stuck_overlap(self.journal.txs[tid]) or self._vote(self.journal.txs[tid])
         if not vote.yes:
             code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
-            self.abort(self.journal.txs[tid], code, reason)
+            try:
+                self.abort(self.journal.txs[tid], code, reason)
+            except ApplyFailed as exc:  # an undo stopped (a database out of reach): the
+                # transaction stays 'aborting' and recover retries the undo
+                self.stuck[tid] = self.incomplete(self.journal.txs[tid], exc).details
             txs = self.journal.txs
             extra = {"uncompensated": txs[tid].uncompensated} if (
                 tid in txs and txs[tid].uncompensated) else {}
@@ -123,7 +127,8 @@ class TwoPhase:
         done = set(exc.done)
         left = [op.path for op in tx.changes() if op.path not in done]
         return ApplyIncomplete(
-            f"{tx.tid} is decided (commit) but applying it stopped: {exc.cause}; not applied: "
+            f"{tx.tid} is decided ({tx.outcome or 'commit'}) but carrying it out stopped: "
+            f"{exc.cause}; not applied: "
             f"{', '.join(left) or 'nothing'}; 'agent-2pc recover' retries it",
             tid=tx.tid, state=tx.state, not_applied=left, error=str(exc.cause))
 

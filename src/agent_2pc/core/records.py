@@ -159,6 +159,8 @@ EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
             ("sign", _B, False, None)),
     "git-branch": (("branch", _S, True, None), ("base", _S, True, None),  # begin --git-branch
                    ("prefix", _S, True, None)),
+    "sql": (("dsn", _S, True, None), ("sql", _S, True, None),  # participants/postgres.py
+            ("rows_affected", _I, False, None)),
 }
 # What a commit decision carries for the git participant's redo (participants/git.py).
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),

@@ -294,6 +294,22 @@ class PatchOut(Out):
     files: list[str]
 
 
+class StageSqlIn(In):
+    tid: Tid
+    dsn: str = Field(max_length=4096, description=(
+        "The database: a postgresql:// URL or libpq conninfo without a password (give it "
+        "through PGPASSWORD or ~/.pgpass), or env:NAME, an environment variable holding the "
+        "DSN. The server needs max_prepared_transactions > 0."))
+    sql: str = Field(max_length=1 << 20, description=(
+        "One or more SQL statements (no BEGIN/COMMIT: they run in the transaction's own "
+        "database transaction)."))
+
+
+class SqlOut(Out):
+    n: int
+    rows_affected: int
+
+
 class ApiOut(Out):
     n: int
     method: str

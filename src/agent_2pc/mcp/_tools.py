@@ -311,6 +311,20 @@ TOOLS: tuple[ToolSpec, ...] = (
         m.StageApiIn, (m.ApiOut,), _stage_api,
         ann(open_world=True), quick=True),
     ToolSpec(
+        "agent_2pc_stage_sql", "Stage SQL statements for a Postgres database",
+        "Stage SQL statements (a migration, rows) that commit together with the transaction's "
+        "files or not at all: they run now in a database transaction that is rolled back, so "
+        "an error shows at once (sql_failed with the server's message and sqlstate), and at "
+        "commit again, held with PREPARE TRANSACTION until every participant voted yes; a "
+        "statement that fails then (another writer got in the way) aborts the commit with "
+        "conflict or effect_failed. Statements for one DSN run in one database transaction, "
+        "in order. Returns {n, rows_affected}. Errors: usage (a password in the DSN, "
+        "BEGIN/COMMIT in the SQL), isolation_unavailable (the server has "
+        "max_prepared_transactions = 0)." + _TID_ERRORS,
+        m.StageSqlIn, (m.SqlOut,),
+        lambda rt, a: rt.tx(a.tid).stage_sql(a.dsn, a.sql),
+        ann(open_world=True)),
+    ToolSpec(
         "agent_2pc_stage_cmd", "Run a check on the staged view",
         "Run a shell command (tests, a linter, a build) against the repository as it would be "
         "after commit, without touching it. The check is recorded: the commit runs it again if "

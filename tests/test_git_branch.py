@@ -194,3 +194,13 @@ def test_a_bad_git_field_in_a_manifest_is_invalid_manifest(tmp_path: Path,
     assert proc.returncode == 2 and json.loads(proc.stdout)["error"]["code"] == \
         "invalid_manifest", proc.stdout
     assert Agent2PC(repo).transactions() == []
+
+
+def test_a_bound_transaction_exports_its_files_without_the_binding(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    tx = Agent2PC(repo).get(begin_on(repo))
+    tx.stage_write("a.txt", "A changed\n")
+    out = tx.export(str(tmp_path / "t.a2pc"))
+    assert out["bytes"] > 0
+    imported = Agent2PC(repo).import_bundle(str(tmp_path / "t.a2pc"))
+    assert imported["files"] == ["a.txt"]

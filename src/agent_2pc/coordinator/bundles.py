@@ -49,9 +49,10 @@ def manifest_of(engine: Engine, tx: Tx) -> dict[str, Any]:
     manifest: nothing in it depends on when or where it is exported."""
     from .runs import fingerprint
 
-    if tx.effects:
-        raise UsageError(f"{tx.tid} has staged effects (HTTP calls, a git commit), which a "
-                         "bundle does not carry; export a transaction of file changes")
+    # A begin --git-branch binding is the exporter's own (which branch it watched): it stays.
+    if any(eff.get("kind") != "git-branch" for eff in tx.effects):
+        raise UsageError(f"{tx.tid} has staged effects (HTTP calls, SQL, a git commit), which "
+                         "a bundle does not carry; export a transaction of file changes")
     sizes = {op.blob: op.size for op in tx.ops if op.blob is not None}
     current = fingerprint(tx) if tx.checks else ""
     manifest = {

@@ -17,7 +17,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- UnknownSavepoint              unknown_savepoint
     |   |-- InvalidPatch                  invalid_patch
     |   |-- PatchRejected                 patch_rejected
-    |   `-- InvalidManifest               invalid_manifest
+    |   |-- InvalidManifest               invalid_manifest
+    |   `-- BinaryContent                 binary_content   (a merge of a file that is not text)
     |-- WorkspaceError      (the workspace or host cannot serve the request as it is)  2
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
@@ -32,6 +33,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   |-- InFlight                      in_flight        (hook check: transactions are live)
+    |   |-- MergeConflict                 merge_conflict   (overlapping edits; markers written)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
     `-- UnknownOutcome      (something may have happened: hold the fence)            1
@@ -128,6 +130,12 @@ class PatchRejected(InputError):
 
 class InvalidManifest(InputError):
     code = "invalid_manifest"
+
+
+class BinaryContent(InputError):
+    """A three-way merge was asked of content that is not text (it holds a NUL byte)."""
+
+    code = "binary_content"
 
 
 # -- the workspace or host cannot serve: exit 2 ------------------------------------------------
@@ -229,6 +237,14 @@ class InFlight(Refusal):
     (the JSON answer carries it beside the error)."""
 
     code = "in_flight"
+
+
+class MergeConflict(Refusal):
+    """``merge`` found overlapping edits: the output holds conflict markers;
+    ``details["result"]`` is ``{conflicts: N, ranges: [...], output}`` (the JSON answer
+    carries it beside the error)."""
+
+    code = "merge_conflict"
 
 
 class FenceRefusal(Refusal):

@@ -214,6 +214,12 @@ def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.tx(args).commit()
 
 
+def run_merge(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..coordinator.client import Agent2PC
+
+    return Agent2PC.merge_files(args["base"], args["ours"], args["theirs"], args["output"])
+
+
 def run_git_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.tx(args).git_commit(args["message"], author=args["author"],
                                    branch=args["branch"])
@@ -454,6 +460,14 @@ COMMANDS: tuple[Command, ...] = (
                 Opt("--branch", metavar="B", help="the branch to commit onto (default: the "
                     "one HEAD is on)")),
             extra={"text": text_git_commit}),
+    Command("merge", "three-way merge of files: the change BASE -> THEIRS into OURS (no "
+            "workspace needed)", run_merge, (
+                Opt("--base", required=True, metavar="B", help="the common ancestor"),
+                Opt("--ours", required=True, metavar="O", help="one side (first in markers)"),
+                Opt("--theirs", required=True, metavar="T", help="the other side"),
+                Opt("--output", required=True, metavar="F", help="where the merge goes "
+                    "(replaced atomically; may be one of the inputs)")),
+            extra={"text": lambda r: f"merged cleanly into {r['output']}"}),
     Command("abort", "abort: nothing staged reaches the tree", run_abort, (
         TID, Opt("--reason", metavar="S", help="why (kept in the history)")),
         extra={"text": text_outcome}),

@@ -58,6 +58,19 @@ class Agent2PC:
         return cls(init_workspace(os.fspath(root)))
 
     @staticmethod
+    def merge_files(base: str | os.PathLike[str], ours: str | os.PathLike[str],
+                    theirs: str | os.PathLike[str], output: str | os.PathLike[str]
+                    ) -> dict[str, Any]:
+        """Three-way merge of files, no workspace needed: the change ``base`` -> ``theirs``
+        merged into ``ours``, written atomically to ``output``. ``{conflicts: 0, output}``;
+        overlapping edits raise MergeConflict (exit 1: the output holds conflict markers, the
+        error's result the conflicting line ranges), a binary input BinaryContent."""
+        from .filemerge import merge_files
+
+        return merge_files(os.fspath(base), os.fspath(ours), os.fspath(theirs),
+                           os.fspath(output))
+
+    @staticmethod
     def trust(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Trust the workspace at ``root`` (else $AGENT2PC_ROOT, else the one at or above the
         working directory) as the user's own (one that was copied,

@@ -211,7 +211,7 @@ def run_rollback_to(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.tx(args).commit()
+    return ctx.tx(args).commit(merge=not args["no_merge"])
 
 
 def run_merge(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -330,6 +330,8 @@ def text_outcome(r: dict[str, Any]) -> str:
     out = f"{r['state']} {r['tid']}{tail}"
     if r.get("diverged"):
         out += "\nleft as another writer put them (diverged): " + ", ".join(r["diverged"])
+    if r.get("merged"):
+        out += "\nmerged with another writer's edits: " + ", ".join(r["merged"])
     return out
 
 
@@ -449,8 +451,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("rollback-to", "undo what was staged after a savepoint", run_rollback_to, (
         TID, Opt("--name", required=True, metavar="N", help="the savepoint's name")),
         extra={"text": lambda r: f"rolled back to {r['name']}"}),
-    Command("commit", "prepare and commit atomically (exit 1 if it aborts)", run_commit,
-            (TID,), extra={"text": text_outcome}),
+    Command("commit", "prepare and commit atomically (exit 1 if it aborts)", run_commit, (
+        TID, Opt("--no-merge", FLAG, help="a file another writer changed since it was staged "
+                 "is a conflict (default: merged when the edits do not overlap)")),
+        extra={"text": text_outcome}),
     Command("git-commit", "commit, and a git commit of exactly the transaction's changes, as "
             "one atomic unit", run_git_commit, (
                 TID, Opt("--message", required=True, metavar="MSG", short="-m",

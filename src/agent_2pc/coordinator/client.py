@@ -270,8 +270,12 @@ class Transaction:
     def diff(self, stat: bool = False) -> dict[str, Any]:
         return self._engine.diff(self.tid, stat_only=stat)
 
-    def commit(self) -> dict[str, Any]:
-        return self._engine.commit(self.tid)
+    def commit(self, merge: bool = True) -> dict[str, Any]:
+        """Prepare and commit; TransactionAborted when the answer is no. A file that another
+        writer changed since it was staged is merged with that change when the two edits do
+        not overlap (the answer's ``merged`` lists those files; its checks run again on the
+        merged content); ``merge=False``: such a file is a conflict (docs/collaboration.md)."""
+        return self._engine.commit(self.tid, merge=merge)
 
     def git_commit(self, message: str, author: str | None = None,
                    branch: str | None = None) -> dict[str, Any]:
@@ -280,10 +284,12 @@ class Transaction:
         ("Name <email>"; default: git's). The answer is commit's plus ``commit`` (the new
         commit's id) and ``branch``. Bad input (detached HEAD, an unborn or missing branch, no
         git work tree, a locked index) is UsageError before anything is staged; a no vote
-        raises TransactionAborted, as commit does (docs/git.md)."""
+        raises TransactionAborted, as commit does (docs/git.md). A file another writer
+        changed since it was staged is a conflict, never merged: the git commit holds exactly
+        the transaction's changes."""
         self._engine.stage_effect(self.tid, "git", {"message": message, "author": author,
                                                     "branch": branch})
-        return self._engine.commit(self.tid)
+        return self._engine.commit(self.tid, merge=False)
 
     def abort(self, reason: str | None = None) -> dict[str, Any]:
         return self._engine.abort(self.tid, reason)

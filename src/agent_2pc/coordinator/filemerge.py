@@ -13,16 +13,13 @@ from __future__ import annotations
 import os
 import stat
 
-from ..core.merge3way import NotText, merge
+from ..core.merge3way import MERGE_BYTES_MAX, NotText, merge
 from ..errors import BinaryContent, MergeConflict, UsageError
 from ..storage.durable import write_atomic
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
-
-# difflib's alignment is quadratic at worst: a bound on what one merge may take.
-MERGE_BYTES_MAX = 16 * 1024 * 1024
 
 
 def _read(path: str, param: str) -> tuple[bytes, int]:

@@ -21,6 +21,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+# difflib's alignment is quadratic at worst: the largest input a merge takes (``merge``), and
+# the largest file whose base staging keeps for a merge at commit.
+MERGE_BYTES_MAX = 8 * 1024 * 1024
 MARKER_OURS, MARKER_MID, MARKER_THEIRS = b"<<<<<<<", b"=======", b">>>>>>>"
 
 

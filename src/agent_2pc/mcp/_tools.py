@@ -384,15 +384,19 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "agent_2pc_commit", "Commit the transaction",
         "Apply every staged change atomically and durably (and send staged HTTP calls), or "
-        "nothing. Returns {tid, state: \"committed\", files}. A no is ok:false with state "
-        "\"aborted\": conflict (a file you staged or read was changed by someone else; their "
+        "nothing. Returns {tid, state: \"committed\", files, merged}. A file someone else "
+        "changed since you staged it is merged with their edit when the two touch different "
+        "lines (listed in merged; checks run again on the merged content; no_merge: true "
+        "refuses instead). A no is ok:false with state "
+        "\"aborted\": conflict (overlapping edits, a binary file, or a file you read was "
+        "changed by someone else; their "
         "content stays: begin again and redo on the new content), timeout, verification_failed "
         "(a check fails on the final content), effect_failed / effect_unknown (a staged HTTP "
         "call). Committing again answers the same. Errors: bad_state (it was aborted), "
         "apply_incomplete (decided but not fully applied: run `agent-2pc recover`), "
         "unknown_tid.",
-        m.TidIn, (m.CommitOut,),
-        lambda rt, a: rt.tx(a.tid).commit(),
+        m.CommitIn, (m.CommitOut,),
+        lambda rt, a: rt.tx(a.tid).commit(merge=not a.no_merge),
         ann(destructive=True, idempotent=True, open_world=True)),
     ToolSpec(
         "agent_2pc_git_commit", "Commit the transaction and a git commit of it",

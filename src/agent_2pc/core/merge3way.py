@@ -148,10 +148,8 @@ def merge(base: bytes, ours: bytes, theirs: bytes, *, label_ours: str = "ours",
         elif what == "b":
             put(t_lines, region[1], region[2])
         else:
-            assert what == "conflict", region
+            assert what == "conflict" and len(region) == 7, region
             _, z0, z1, a0, a1, b0, b1 = region
-            if out and not out[-1].endswith((b"\n", b"\r")):
-                out[-1] = out[-1] + nl  # cannot happen mid-text; kept for safety
             first = len(out) + 1
             out.append(start)
             put(o_lines, a0, a1, closed=True)

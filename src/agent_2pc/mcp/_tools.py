@@ -44,8 +44,10 @@ snippet), agent_2pc_stage_patch (unified diff), agent_2pc_stage_delete. Later st
 ones. agent_2pc_record_read a file your change relies on but does not modify.
 3. Check: agent_2pc_diff to review; agent_2pc_stage_cmd (when offered) to run tests against the \
 staged view. agent_2pc_savepoint / agent_2pc_rollback_to to undo part of the work.
-4. agent_2pc_commit. If it answers ok:false (conflict: someone else changed a file you staged or \
-read), nothing was applied: begin again, re-read, redo. If you cannot finish, agent_2pc_abort.
+4. agent_2pc_commit. Someone else's edits to other lines of a file you staged are merged with \
+yours (listed in merged). If it answers ok:false (conflict: someone else changed the same lines \
+of a file you staged, or a file you read), nothing was applied: begin again, re-read, redo. \
+If you cannot finish, agent_2pc_abort.
 
 Results: ok:true plus the fields; ok:false plus error.code is a definite "no" (conflict, \
 timeout, verification_failed, busy, fence refusals) -- nothing half-done. isError results mean \

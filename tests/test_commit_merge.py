@@ -132,7 +132,7 @@ def test_a_recorded_read_of_the_file_keeps_the_conflict(root: str, client: Agent
     write(root, "lib.py", changed(BASE, 9, "'nine'"))
     with pytest.raises(TransactionAborted) as err:
         tx.commit()
-    assert err.value.code == "conflict" and "recorded a read" in err.value.reason
+    assert err.value.code == "conflict" and "changed since it was read" in err.value.reason
     assert read(root, "lib.py").decode() == changed(BASE, 9, "'nine'")
 
 
@@ -231,3 +231,34 @@ def test_the_base_a_file_was_staged_from_is_kept_across_garbage_collection(
     write(root, "lib.py", changed(BASE, 5, "'five'"))
     assert tx.commit()["merged"] == ["lib.py"]
     assert read(root, "lib.py").decode() == changed(changed(BASE, 5, "'five'"), 1, "'one'")
+
+
+def test_a_stale_read_of_another_file_is_a_conflict_and_nothing_is_merged(
+        root: str, client: Agent2PC):
+    write(root, "lib.py", BASE)
+    write(root, "config.txt", "v1\n")
+    tx = client.begin()
+    tx.record_read("config.txt")
+    tx.stage_replace("lib.py", "return 1\n", "return 'one'\n")
+    write(root, "lib.py", changed(BASE, 9, "'nine'"))
+    write(root, "config.txt", "v2\n")
+    with pytest.raises(TransactionAborted) as err:
+        tx.commit()
+    assert err.value.code == "conflict" and "config.txt" in err.value.reason
+    assert [op["via"] for op in tx.status()["files"]] == ["replace"], "a merge was staged"
+    assert read(root, "lib.py").decode() == changed(BASE, 9, "'nine'")
+
+
+def test_a_read_recorded_after_the_other_writer_changed_the_file_keeps_the_conflict(
+        root: str, client: Agent2PC):
+    """The read still holds, but the transaction read the file it is merging into: its edit
+    was decided on what it read, so it is not merged over."""
+    write(root, "lib.py", BASE)
+    tx = client.begin()
+    tx.stage_replace("lib.py", "return 1\n", "return 'one'\n")
+    write(root, "lib.py", changed(BASE, 9, "'nine'"))
+    tx.record_read("lib.py")
+    with pytest.raises(TransactionAborted) as err:
+        tx.commit()
+    assert err.value.code == "conflict" and "recorded a read" in err.value.reason
+    assert read(root, "lib.py").decode() == changed(BASE, 9, "'nine'")

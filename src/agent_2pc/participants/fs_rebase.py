@@ -55,6 +55,15 @@ class NotMerged(Exception):
         self.path = path
 
 
+class StaleRead(NotMerged):
+    """A recorded read no longer holds: the commit is a conflict whatever merges."""
+
+    def __init__(self, path: str) -> None:
+        Exception.__init__(self, f"{path} changed since it was read (this transaction's "
+                           "edits were decided on what it read); nothing is merged")
+        self.path = path
+
+
 def _read_now(dirs: Dirs, path: str) -> tuple[str, bytes] | None:
     """(sha256, content) of the regular file at ``path``, never following a link; None when
     it is larger than MERGE_BYTES_MAX."""
@@ -92,6 +101,9 @@ def plan(root: str, blobs: BlobStore, tx: Tx) -> list[Rebased]:
     out: list[Rebased] = []
     dirs = Dirs(root)
     try:
+        for path, digest in tx.reads:
+            if current(dirs, path)[0] != digest:
+                raise StaleRead(path)
         for op in tx.changes():
             now, _ = current(dirs, op.path)
             if now == op.pre or (op.op == "mkdir" and now == DIR_FINGERPRINT):

@@ -190,3 +190,19 @@ def test_edits_apart_merge_to_both_edits_applied_as_a_naive_merge_says(case) -> 
     assert merged.content == b"".join(expected)
     swapped = merge(b"".join(base), b"".join(theirs), b"".join(ours))
     assert swapped.clean and swapped.content == merged.content
+
+
+def test_a_large_file_full_of_repeated_lines_merges_edits_far_apart():
+    """Past 200 lines difflib stops anchoring on frequent lines (blank lines, ``return y``):
+    edits of different functions of a 20,000-line file still merge, to both edits."""
+    text = b"".join(b"def f%d(x):\n    y = x + %d\n    return y\n\n" % (i, i)
+                    for i in range(5000))
+    ours = text.replace(b"    y = x + 4999\n", b"    y = x - 4999\n")
+    theirs = text.replace(b"    y = x + 1\n", b"    y = x * 1\n").replace(
+        b"    y = x + 2500\n", b"    y = x * 2500\n")
+    merged = merge(text, ours, theirs)
+    assert merged.clean
+    assert merged.content == ours.replace(b"    y = x + 1\n", b"    y = x * 1\n").replace(
+        b"    y = x + 2500\n", b"    y = x * 2500\n")
+    both = merge(text, ours, text.replace(b"    y = x + 4999\n", b"    y = x / 4999\n"))
+    assert [c.ours.start for c in both.conflicts] == [4999 * 4 + 2]

@@ -95,8 +95,8 @@ class Engine:
             if isinstance(tx, dict) or tx.state != ACTIVE:
                 return with_merged(answer_again(tx, COMMITTED))
             self.gate.abort_if_stale(tx)
-            if merge:
-                self.rebase.rebase(tid)
+            if merge and self.txs[tid].checks:  # so that the checks run again outside the
+                self.rebase.rebase(tid)            # commit lock, in the usual case
             # Checks run before the commit lock is taken (they may take minutes); the
             # transaction's own lock, held meanwhile, keeps its staged content as they saw it.
             self._run_stale_checks(tid)

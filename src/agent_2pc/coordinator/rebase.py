@@ -8,9 +8,10 @@ so the checks bound to it run again before the decision (runs.py); prepare compa
 with the new ``pre``; the decision and apply carry the merged blob like any staged write, and a
 redo after a crash places the same merged content.
 
-The engine merges twice: before the commit lock, where a merge that the checks must see again
-costs nothing to other commits, and under it, for a commit that got in meanwhile (then the
-stale checks run under the lock). The content the merged file was staged from (the other
+The engine merges under the commit lock, just before prepare; a transaction with checks is
+merged once before the lock too, so that in the usual case (the other commit finished before
+this one began) its checks run again without holding the lock, and only a commit that got in
+meanwhile makes them run under it. The content the merged file was staged from (the other
 writer's) is kept as a blob too, named by the new ``pre``, so a second merge has its base.
 """
 

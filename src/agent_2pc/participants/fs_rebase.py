@@ -26,7 +26,7 @@ from ..core.merge3way import MERGE_BYTES_MAX, NotText, merge
 from ..core.states import DIR_FINGERPRINT
 from ..storage.blobs import BlobCorrupt
 from ..storage.hashing import sha256_bytes
-from .fs import Dirs, PathChanged, current, split
+from .fs import Dirs, PathChanged, _short, current, split
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,8 +50,9 @@ class NotMerged(Exception):
     """A changed file that is not merged: the commit is a conflict, for ``reason``."""
 
     def __init__(self, path: str, reason: str) -> None:
-        super().__init__(f"{path} changed since it was staged, {reason}; the other writer's "
-                         "content is kept")
+        sep = " " if reason.startswith("(") else ", "
+        super().__init__(f"{path} changed since it was staged{sep}{reason}; the other "
+                         "writer's content is kept")
         self.path = path
 
 
@@ -123,14 +124,16 @@ def plan(root: str, blobs: BlobStore, tx: Tx) -> list[Rebased]:
 def _merge_one(dirs: Dirs, blobs: BlobStore, op: Op, now: str | None, was_read: bool
                ) -> Rebased:
     """Merge the changed file of ``op`` (``now``: its fingerprint on disk), or NotMerged."""
+    was = f"(it was {_short(op.pre)}, now {_short(now)})"
     if op.op != "write":
-        raise NotMerged(op.path, f"and this transaction {op.op}s it: only a file's content "
-                        "is merged")
+        raise NotMerged(op.path, f"{was}, and this transaction {op.op}s it: only a file's "
+                        "content is merged")
     if op.pre is None or len(op.pre) != 64:
-        raise NotMerged(op.path, "and this transaction creates it (another writer created "
-                        "it too)" if op.pre is None else "from something else than a file")
+        raise NotMerged(op.path, f"{was}, and this transaction creates it (another writer "
+                        "created it too)" if op.pre is None else f"{was}: only a file's "
+                        "content is merged")
     if now is None or len(now) != 64:
-        raise NotMerged(op.path, f"it was {_what(now)}")
+        raise NotMerged(op.path, f"{was}: it was {_what(now)}")
     if was_read:
         raise NotMerged(op.path, "and this transaction recorded a read of it (its edit was "
                         "decided on what it read): not merged")

@@ -64,7 +64,9 @@ def test_garbage_collection_keeps_blobs_of_live_transactions(tmp_path, monkeypat
     monkeypatch.setattr(compaction_mod, "BLOB_GRACE_S", 0.0)
     monkeypatch.setattr(compaction_mod, "PREIMAGE_RETENTION_S", 0.0)
     out = client.compact()
-    assert out["blobs_collected"] == 1 and out["preimages_collected"] == 1
+    # The aborted transaction's blob, and the committed one's base ("before\n", kept by
+    # staging for a merge at commit).
+    assert out["blobs_collected"] == 2 and out["preimages_collected"] == 1
     remaining = [e.name for fan in os.scandir(tmp_path / ".agent-tx" / "objects")
                  if len(fan.name) == 2 for e in os.scandir(fan.path)]
     assert len(remaining) == 1  # the live transaction's blob

@@ -389,14 +389,15 @@ def test_an_outside_file_where_a_new_directory_goes_makes_commit_conflict(tree, 
     assert read(tree, "nd") == b"a file now\n"
 
 
-def test_two_transactions_on_one_file_the_second_commit_conflicts(tree, cli):
+def test_two_transactions_on_one_file_the_second_commit_conflicts_without_merge(tree, cli):
+    """With --no-merge (tests/test_commit_merge.py: by default these two edits merge)."""
     first, second = begin(cli), begin(cli)
     ok(cli("stage-replace", "--tid", first, "--path", "a.txt", "--old", "line 1",
            "--new", "first"))
     ok(cli("stage-replace", "--tid", second, "--path", "a.txt", "--old", "line 3",
            "--new", "second"))
     ok(cli("commit", "--tid", first))
-    status, out = cli("commit", "--tid", second)
+    status, out = cli("commit", "--tid", second, "--no-merge")
     assert (status, out["error"]["code"]) == (1, "conflict"), out
     assert read(tree, "a.txt") == b"first\nline 2\nline 3\n"
 

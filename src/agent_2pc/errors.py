@@ -19,6 +19,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- PatchRejected                 patch_rejected
     |   |-- InvalidManifest               invalid_manifest
     |   `-- InvalidBundle                 invalid_bundle   (a .a2pc file import refuses)
+    |   `-- BinaryContent                 binary_content   (a merge of a file that is not text)
     |-- WorkspaceError      (the workspace or host cannot serve the request as it is)  2
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
@@ -34,6 +35,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   |-- InFlight                      in_flight        (hook check: transactions are live)
     |   |-- Tampered                      tampered         (a bundle that fails its hash)
+    |   |-- MergeConflict                 merge_conflict   (overlapping edits; markers written)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
     `-- UnknownOutcome      (something may have happened: hold the fence)            1
@@ -142,6 +144,10 @@ class SqlFailed(InputError):
     message, and ``sqlstate`` (participants/postgres.py)."""
 
     code = "sql_failed"
+class BinaryContent(InputError):
+    """A three-way merge was asked of content that is not text (it holds a NUL byte)."""
+
+    code = "binary_content"
 
 
 # -- the workspace or host cannot serve: exit 2 ------------------------------------------------
@@ -250,6 +256,12 @@ class Tampered(Refusal):
     altered after it was made. Nothing was imported."""
 
     code = "tampered"
+class MergeConflict(Refusal):
+    """``merge`` found overlapping edits: the output holds conflict markers;
+    ``details["result"]`` is ``{conflicts: N, ranges: [...], output}`` (the JSON answer
+    carries it beside the error)."""
+
+    code = "merge_conflict"
 
 
 class FenceRefusal(Refusal):

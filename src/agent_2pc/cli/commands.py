@@ -235,7 +235,13 @@ def run_rollback_to(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
-    return ctx.tx(args).commit()
+    return ctx.tx(args).commit(merge=not args["no_merge"])
+
+
+def run_merge(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    from ..coordinator.client import Agent2PC
+
+    return Agent2PC.merge_files(args["base"], args["ours"], args["theirs"], args["output"])
 
 
 def run_git_commit(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -367,6 +373,8 @@ def text_outcome(r: dict[str, Any]) -> str:
     out = f"{r['state']} {r['tid']}{tail}"
     if r.get("diverged"):
         out += "\nleft as another writer put them (diverged): " + ", ".join(r["diverged"])
+    if r.get("merged"):
+        out += "\nmerged with another writer's edits: " + ", ".join(r["merged"])
     return out
 
 
@@ -505,8 +513,10 @@ COMMANDS: tuple[Command, ...] = (
     Command("rollback-to", "undo what was staged after a savepoint", run_rollback_to, (
         TID, Opt("--name", required=True, metavar="N", help="the savepoint's name")),
         extra={"text": lambda r: f"rolled back to {r['name']}"}),
-    Command("commit", "prepare and commit atomically (exit 1 if it aborts)", run_commit,
-            (TID,), extra={"text": text_outcome}),
+    Command("commit", "prepare and commit atomically (exit 1 if it aborts)", run_commit, (
+        TID, Opt("--no-merge", FLAG, help="a file another writer changed since it was staged "
+                 "is a conflict (default: merged when the edits do not overlap)")),
+        extra={"text": text_outcome}),
     Command("git-commit", "commit, and a git commit of exactly the transaction's changes, as "
             "one atomic unit", run_git_commit, (
                 TID, Opt("--message", metavar="MSG", short="-m",
@@ -520,6 +530,14 @@ COMMANDS: tuple[Command, ...] = (
                 Opt("--no-verify", FLAG, help="skip the pre-commit and commit-msg hooks"),
                 Opt("--sign", FLAG, help="GPG-sign the commit (default: commit.gpgSign)")),
             one_of=(("message", "file"),), extra={"text": text_git_commit}),
+    Command("merge", "three-way merge of files: the change BASE -> THEIRS into OURS (no "
+            "workspace needed)", run_merge, (
+                Opt("--base", required=True, metavar="B", help="the common ancestor"),
+                Opt("--ours", required=True, metavar="O", help="one side (first in markers)"),
+                Opt("--theirs", required=True, metavar="T", help="the other side"),
+                Opt("--output", required=True, metavar="F", help="where the merge goes "
+                    "(replaced atomically; may be one of the inputs)")),
+            extra={"text": lambda r: f"merged cleanly into {r['output']}"}),
     EXPORT,
     IMPORT,
     Command("abort", "abort: nothing staged reaches the tree", run_abort, (

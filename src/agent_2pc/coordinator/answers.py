@@ -15,12 +15,18 @@ def result(tx: Tx | dict[str, Any]) -> dict[str, Any]:
     """The answer of commit (abort drops ``files``): a live transaction, or a history entry."""
     if isinstance(tx, dict):
         out = {"tid": tx["tid"], "state": tx["state"], "files": tx.get("files", [])}
-        for key in ("diverged", "commit", "branch"):
+        for key in ("diverged", "commit", "branch", "merged"):
             if tx.get(key):
                 out[key] = tx[key]
         return out
     out = {"tid": tx.tid, "state": tx.state, "files": tx.files}
     out.update(outcome_details(tx))
+    return out
+
+
+def with_merged(out: dict[str, Any]) -> dict[str, Any]:
+    """commit's answer: ``merged`` always there (CONTRACT.md: ``commit``)."""
+    out.setdefault("merged", [])
     return out
 
 
@@ -75,6 +81,10 @@ def outcome_details(tx: Tx) -> dict[str, Any]:
         out["branch"] = git["ref"].removeprefix("refs/heads/")
         if git.get("ignored"):  # new files git ignores: on disk, not in the commit
             out["git_ignored"] = git["ignored"]
+    if tx.state == COMMITTED:  # files merged with another writer's edits (rebase.py)
+        merged = [op.path for op in tx.changes() if op.via == "merge"]
+        if merged:
+            out["merged"] = merged
     if tx.uncompensated:
         out["uncompensated"] = tx.uncompensated
     return out

@@ -58,6 +58,19 @@ class Agent2PC:
         return cls(init_workspace(os.fspath(root)))
 
     @staticmethod
+    def merge_files(base: str | os.PathLike[str], ours: str | os.PathLike[str],
+                    theirs: str | os.PathLike[str], output: str | os.PathLike[str]
+                    ) -> dict[str, Any]:
+        """Three-way merge of files, no workspace needed: the change ``base`` -> ``theirs``
+        merged into ``ours``, written atomically to ``output``. ``{conflicts: 0, output}``;
+        overlapping edits raise MergeConflict (exit 1: the output holds conflict markers, the
+        error's result the conflicting line ranges), a binary input BinaryContent."""
+        from .filemerge import merge_files
+
+        return merge_files(os.fspath(base), os.fspath(ours), os.fspath(theirs),
+                           os.fspath(output))
+
+    @staticmethod
     def trust(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         """Trust the workspace at ``root`` (else $AGENT2PC_ROOT, else the one at or above the
         working directory) as the user's own (one that was copied,
@@ -272,8 +285,12 @@ class Transaction:
     def diff(self, stat: bool = False) -> dict[str, Any]:
         return self._engine.diff(self.tid, stat_only=stat)
 
-    def commit(self) -> dict[str, Any]:
-        return self._engine.commit(self.tid)
+    def commit(self, merge: bool = True) -> dict[str, Any]:
+        """Prepare and commit; TransactionAborted when the answer is no. A file that another
+        writer changed since it was staged is merged with that change when the two edits do
+        not overlap (the answer's ``merged`` lists those files; its checks run again on the
+        merged content); ``merge=False``: such a file is a conflict (docs/collaboration.md)."""
+        return self._engine.commit(self.tid, merge=merge)
 
     def export(self, path: str | os.PathLike[str]) -> dict[str, Any]:
         """Write this (active) transaction to the bundle file ``path`` (``.a2pc``), atomically;
@@ -294,7 +311,9 @@ class Transaction:
         The answer is commit's plus ``commit`` (the new commit's id), ``branch`` and the
         ``hooks`` that ran. Bad input (detached HEAD, an unborn or missing branch, no git work
         tree, a locked index) is UsageError before anything is staged; a no vote raises
-        TransactionAborted, as commit does (docs/git.md)."""
+        TransactionAborted, as commit does (docs/git.md). A file another writer changed since
+        it was staged is a conflict, never merged: the git commit holds exactly the
+        transaction's changes."""
         return self._engine.git_commit(self.tid, message, author, branch, verify, sign)
 
     def stage_sql(self, dsn: str, sql: str) -> dict[str, Any]:

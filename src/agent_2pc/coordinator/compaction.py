@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..core.states import FINISHED
+from ..core.states import FINISHED, named_blobs
 from ..storage.pids import pid_alive
 from ..storage.scratch import discard, sweep_in_background
 
@@ -61,8 +61,8 @@ class Compaction:
         blobs = 0
         with self.journal.log.lock:
             self.journal.refresh()
-            live = {op.blob for tx in self.journal.txs.values() if tx.state not in FINISHED
-                    for op in tx.ops if op.blob}
+            live = {name for tx in self.journal.txs.values() if tx.state not in FINISHED
+                    for op in tx.ops for name in named_blobs(op) if name}
             for fan in os.scandir(layout.objects):
                 if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
                     continue

@@ -10,6 +10,7 @@ parts it is built from (docs/design.md, "The engine's parts"):
   compaction   the log into history.jsonl, garbage collection, the scratch sweep
   staging      the staging steps, the staged view, diff and status
   runs         checks, exec and look-arounds in the staged view
+  rebase       commit's merge of what other writers changed under the staged files
 
 The engine tails the log before each step, so it sees what other processes appended.
 """
@@ -22,7 +23,7 @@ from ..errors import NotInitialized, TransactionAborted, UsageError
 from ..participants.registry import participants_for
 from ..storage.blobs import BlobStore
 from ..storage.workspace import Layout, check_intact, is_workspace
-from .answers import answer_again, check_summary, result
+from .answers import answer_again, check_summary, result, with_merged
 from .answers import summary as summary
 from .compaction import Compaction
 from .gate import TID_RE as TID_RE
@@ -30,6 +31,7 @@ from .gate import Gate, Held, HeldActive
 from .gate import check_tid as check_tid
 from .journal import Journal
 from .journal import boot_id as boot_id
+from .rebase import Rebase
 from .recovery import Recovery
 from .runs import Runs
 from .staging import Staging
@@ -61,6 +63,7 @@ class Engine:
         self.gate = Gate(self.journal, self.twophase, self.recovery)
         self.staging = Staging(root, self.blobs, self.journal, self.gate, self.participants)
         self.runs = Runs(root, self.blobs, self.journal, self.gate, self.staging)
+        self.rebase = Rebase(root, self.blobs, self.journal, self.staging, self.twophase)
         self.journal.refresh()
         if recover_dead and any(tx.state in IN_FLIGHT for tx in self.journal.txs.values()):
             self.recovery.recover_dead()
@@ -92,23 +95,35 @@ class Engine:
         bound = self.staging.log_effect(out["tid"], "git-branch", checked)
         return {**out, "git_branch": bound["branch"], "base": bound["base"]}
 
-    def commit(self, tid: str) -> dict[str, Any]:
+    def commit(self, tid: str, merge: bool = True) -> dict[str, Any]:
+        """Commit ``tid``. ``merge``: a file that another writer changed since it was staged
+        is merged with it when the edits do not overlap (rebase.py), else it is a conflict."""
+        if type(merge) is not bool:
+            raise UsageError(f"`merge` is true or false, not {merge!r}", params=("merge",))
         with self.gate.locked(tid) as tx:
             if isinstance(tx, dict) or tx.state != ACTIVE:
-                return answer_again(tx, COMMITTED)
+                return with_merged(answer_again(tx, COMMITTED))
             self.gate.abort_if_stale(tx)
+            if merge and self.txs[tid].checks:  # so that the checks run again outside the
+                self.rebase.rebase(tid)            # commit lock, in the usual case
             # Checks run before the commit lock is taken (they may take minutes); the
             # transaction's own lock, held meanwhile, keeps its staged content as they saw it.
-            ok, reason, failed = self.runs.run_stale_checks(tid)
-            if not ok:
-                self.twophase.abort(self.txs[tid], "verification_failed", reason or "")
-                raise TransactionAborted(reason or "a check failed", code="verification_failed",
-                                         tid=tid, check=check_summary(failed))
+            self._run_stale_checks(tid)
             with self.journal.commit_lock:
                 self.recovery.finish_dead_locked()
+                if merge and self.rebase.rebase(tid):  # a commit got in meanwhile
+                    self._run_stale_checks(tid)
                 self.twophase.prepare_and_commit(tid)
         self.compaction.maybe_compact()
-        return result(self.txs.get(tid) or self.journal.lookup(tid))
+        return with_merged(result(self.txs.get(tid) or self.journal.lookup(tid)))
+
+    def _run_stale_checks(self, tid: str) -> None:
+        """Run the checks whose staged content changed; a failing one aborts ``tid``."""
+        ok, reason, failed = self.runs.run_stale_checks(tid)
+        if not ok:
+            self.twophase.abort(self.txs[tid], "verification_failed", reason or "")
+            raise TransactionAborted(reason or "a check failed", code="verification_failed",
+                                     tid=tid, check=check_summary(failed))
 
     def abort(self, tid: str, reason: str | None = None) -> dict[str, Any]:
         with self.gate.locked(tid) as tx:
@@ -268,7 +283,7 @@ class Engine:
         message, hooks, hooks_dir = self.runs.git_hooks(tid, message, branch, verify)
         self.staging.stage_effect(tid, "git", {"message": message, "author": author,
                                                "branch": branch, "sign": sign})
-        out = self.commit(tid)
+        out = self.commit(tid, merge=False)  # exactly its changes: never a merge
         if out.get("commit"):
             from ..participants.git_hooks import after_commit
 

@@ -518,6 +518,8 @@ class Runs:
                         finally:
                             os.close(fd)
                         pending.append(blob)
+                        if not below_link:
+                            self.staging.keep_base(tx, rel, pre, pending)
                         rec = self.staging.stage_record(tid, rel, "write", via, blob.digest,
                                                         blob.size, c.mode, pre)
                     records.append(rec)

@@ -12,6 +12,7 @@ import stat
 
 from .. import crashpoints
 from ..core import records as log_records
+from ..core.merge3way import MERGE_BYTES_MAX
 from ..core.states import DIR_FINGERPRINT, Op, Tx, iso_ms
 from ..errors import (
     AmbiguousMatch,
@@ -213,6 +214,57 @@ class Staging:
             return DIR_FINGERPRINT  # an emptied directory a file replaces (check_placeable)
         return self._tree_digest(rel)[0]
 
+    def _pre_kept(self, tx: Tx, rel: str, pending: list[Pending]) -> str | None:
+        """``_pre`` of a path about to be written; when it is first staged, the file's
+        content is read once, hashed and kept as its base (as ``keep_base`` does)."""
+        op = tx.staged(rel)
+        if op is not None:
+            return op.pre
+        full = os.path.join(self.root, rel)
+        if os.path.isdir(full) and not os.path.islink(full):
+            return DIR_FINGERPRINT
+        opened = self._tree_open(rel)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            if st.st_size > MERGE_BYTES_MAX:
+                return sha256_fd(fd, st.st_size)[0]
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(MERGE_BYTES_MAX + 1)
+            if len(data) > MERGE_BYTES_MAX:  # it grew meanwhile: not kept
+                os.lseek(fd, 0, os.SEEK_SET)
+                return sha256_fd(fd)[0]
+        finally:
+            os.close(fd)
+        if b"\0" not in data:
+            pending.append(self.blobs.put_bytes(data))
+            return pending[-1].digest
+        return sha256_bytes(data)
+
+    def keep_base(self, tx: Tx, rel: str, pre: str | None, pending: list[Pending]) -> None:
+        """The first write of a file: keep the content it is staged from (``pre``) as a blob,
+        so that a commit that finds the file changed by another writer can merge the two
+        edits (coordinator/rebase.py); the op's ``pre`` names it (core/states.named_blobs).
+        Best effort, never synced: a file larger than MERGE_BYTES_MAX, binary, or changed
+        since it was hashed is not kept, and such a commit is a conflict, as without merge."""
+        if pre is None or len(pre) != 64 or tx.staged(rel) is not None:
+            return
+        opened = self._tree_open(rel)
+        if opened is None:
+            return
+        fd, st = opened
+        try:
+            if st.st_size > MERGE_BYTES_MAX:
+                return
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(MERGE_BYTES_MAX + 1)
+        finally:
+            os.close(fd)
+        if b"\0" in data or sha256_bytes(data) != pre:
+            return
+        pending.append(self.blobs.put_bytes(data))
+
     def _tree_kind(self, rel: str) -> str | None:
         """What the tree holds at ``rel`` itself, a link not followed: file, symlink, dir, or
         None when nothing is there. Other kinds are NotAFile."""
@@ -298,15 +350,17 @@ class Staging:
                 raise NotFound(f"{parent} is not a directory in the staged view (and "
                                f"create_dirs is false), so {rel} cannot be written",
                                path=rel)
-            pre = self._pre(tx, rel)
+            pending: list[Pending] = []
+            pre = self._pre_kept(tx, rel, pending)
             if content is not None:
                 blob = self.blobs.put_bytes(content)
             else:
                 assert src_fd is not None
                 blob = self.blobs.put_fd(src_fd)
+            pending.append(blob)
             crashpoints.hit("stage.after_blob")
             self.append_staged([self.stage_record(tid, rel, "write", via, blob.digest,
-                                                  blob.size, mode, pre)], [blob])
+                                                  blob.size, mode, pre)], pending)
         return {"path": rel, "op": "write", "bytes": blob.size}
 
     def append_staged(self, records: Sequence[StageRecord], blobs: list[Pending]) -> None:
@@ -369,9 +423,10 @@ class Staging:
                                      matches=count, params=("old", "all"))
             updated = content.replace(old_b, new_b)
             blob = self.blobs.put_bytes(updated)
+            pending = [blob]
+            pre = self._pre_kept(tx, rel, pending)
             self.append_staged([self.stage_record(tid, rel, "write", "replace", blob.digest,
-                                                  blob.size, None, self._pre(tx, rel))],
-                               [blob])
+                                                  blob.size, None, pre)], pending)
         return {"path": rel, "op": "replace", "replacements": count}
 
     def stage_patch(self, tid: str, patch: str | bytes) -> dict[str, Any]:
@@ -390,12 +445,12 @@ class Staging:
             files = []
             for p, content, mode in results:
                 rel = resolve(self.root, p)
-                pre = self._pre(tx, rel)
                 if content is None:
                     records.append(self.stage_record(tid, rel, "delete", "patch", None, 0,
-                                                     None, pre))
+                                                     None, self._pre(tx, rel)))
                 else:
                     self.check_placeable(tx, rel)
+                    pre = self._pre_kept(tx, rel, pending)
                     blob = self.blobs.put_bytes(content)
                     pending.append(blob)
                     records.append(self.stage_record(

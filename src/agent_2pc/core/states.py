@@ -111,6 +111,15 @@ class Op:
         return f"Op({self.op} {self.path} via {self.via}, blob={self.blob}, pre={self.pre})"
 
 
+def named_blobs(op: Op) -> tuple[str | None, str | None]:
+    """The blobs a live transaction's op keeps: its content, and for a write over a file its
+    base (the content it was staged from, which staging keeps when it can, for a merge at
+    commit: coordinator/rebase.py). A symlink's or a directory's ``pre`` names no blob."""
+    if op.op != "write" or op.pre is None or len(op.pre) != 64:
+        return op.blob, None
+    return op.blob, op.pre
+
+
 class Tx:
     """A transaction as folded from its records (plain class: dataclasses import slowly)."""
 

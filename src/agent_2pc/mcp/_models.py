@@ -246,6 +246,14 @@ class HookCheckIn(In):
         "not_initialized error."))
 
 
+class CommitIn(In):
+    tid: Tid
+    no_merge: bool = Field(False, description=(
+        "A file someone else changed since you staged it is a conflict. Default (false): "
+        "when your edit and theirs touch different lines, they are merged, your checks run "
+        "again on the merged content, and the file is listed in merged."))
+
+
 class GitCommitIn(In):
     tid: Tid
     message: str = Field(min_length=1, max_length=1 << 20, description=(
@@ -429,6 +437,9 @@ class CommitOut(Out):
     state: Literal["committed"]
     files: list[str]
     diverged: list[str] | None = None
+    merged: list[str] = Field(default_factory=list, description=(
+        "Files someone else changed since they were staged, whose edits did not overlap "
+        "yours: committed with both edits merged."))
     effects: list[dict[str, Any]] | None = None
     uncompensated: list[int] | None = None
     commit: str | None = Field(None, description="The git commit made with it (git-commit).")

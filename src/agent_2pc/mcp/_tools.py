@@ -44,8 +44,10 @@ snippet), agent_2pc_stage_patch (unified diff), agent_2pc_stage_delete. Later st
 ones. agent_2pc_record_read a file your change relies on but does not modify.
 3. Check: agent_2pc_diff to review; agent_2pc_stage_cmd (when offered) to run tests against the \
 staged view. agent_2pc_savepoint / agent_2pc_rollback_to to undo part of the work.
-4. agent_2pc_commit. If it answers ok:false (conflict: someone else changed a file you staged or \
-read), nothing was applied: begin again, re-read, redo. If you cannot finish, agent_2pc_abort.
+4. agent_2pc_commit. Someone else's edits to other lines of a file you staged are merged with \
+yours (listed in merged). If it answers ok:false (conflict: someone else changed the same lines \
+of a file you staged, or a file you read), nothing was applied: begin again, re-read, redo. \
+If you cannot finish, agent_2pc_abort.
 
 Results: ok:true plus the fields; ok:false plus error.code is a definite "no" (conflict, \
 timeout, verification_failed, busy, fence refusals) -- nothing half-done. isError results mean \
@@ -399,15 +401,19 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec(
         "agent_2pc_commit", "Commit the transaction",
         "Apply every staged change atomically and durably (and send staged HTTP calls), or "
-        "nothing. Returns {tid, state: \"committed\", files}. A no is ok:false with state "
-        "\"aborted\": conflict (a file you staged or read was changed by someone else; their "
+        "nothing. Returns {tid, state: \"committed\", files, merged}. A file someone else "
+        "changed since you staged it is merged with their edit when the two touch different "
+        "lines (listed in merged; checks run again on the merged content; no_merge: true "
+        "refuses instead). A no is ok:false with state "
+        "\"aborted\": conflict (overlapping edits, a binary file, or a file you read was "
+        "changed by someone else; their "
         "content stays: begin again and redo on the new content), timeout, verification_failed "
         "(a check fails on the final content), effect_failed / effect_unknown (a staged HTTP "
         "call). Committing again answers the same. Errors: bad_state (it was aborted), "
         "apply_incomplete (decided but not fully applied: run `agent-2pc recover`), "
         "unknown_tid.",
-        m.TidIn, (m.CommitOut,),
-        lambda rt, a: rt.tx(a.tid).commit(),
+        m.CommitIn, (m.CommitOut,),
+        lambda rt, a: rt.tx(a.tid).commit(merge=not a.no_merge),
         ann(destructive=True, idempotent=True, open_world=True)),
     ToolSpec(
         "agent_2pc_git_commit", "Commit the transaction and a git commit of it",

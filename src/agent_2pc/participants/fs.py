@@ -40,7 +40,7 @@ import stat
 from .. import crashpoints
 from ..core.applyplan import Action, plan_step, replaces_dir
 from ..core.confine import name_problem
-from ..core.states import DIR_FINGERPRINT, Op, Tx
+from ..core.states import DIR_FINGERPRINT, Op, Tx, named_blobs
 from ..storage.blobs import BlobCorrupt, BlobStore
 from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
@@ -296,7 +296,8 @@ class FileParticipant:
         """Apply (or, ``redo``, resume) a decided commit. A blob that another unfinished
         transaction names is copied rather than moved (the caller holds the log lock, so
         the set is complete)."""
-        keep = {op.blob for other in ctx.others() for op in other.ops if op.blob}
+        keep = {name for other in ctx.others() for op in other.ops
+                for name in named_blobs(op) if name}
         return self.recover(tx, keep) if redo else self.commit(tx, keep)
 
     def undo(self, tx: Tx, ctx: Context) -> dict[str, Any]:

@@ -151,3 +151,47 @@ def test_a_large_blob_from_an_earlier_boot_is_checked_and_a_damaged_one_refused(
         tx.commit()
     assert info.value.code == "corrupt_blob"
     assert not (tmp_path / "big.bin").exists()
+
+
+def test_stage_write_file_takes_a_file_object_from_where_it_stands_or_one_without_descriptor(
+        tmp_path: Path) -> None:
+    import gzip
+    import io
+
+    (tmp_path / "ws").mkdir()
+    client = Agent2PC.init(tmp_path / "ws")
+    data = os.urandom(3 * MIB + 17)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    tx = client.begin()
+    with open(src, "rb") as f:
+        f.read(10)  # its buffer now holds more than it handed out
+        assert tx.stage_write_file("partly-read.bin", f)["bytes"] == len(data) - 10
+        assert f.read() == b""  # left at its end, as after reading it all
+    pipe = subprocess.Popen(["cat", str(src)], stdout=subprocess.PIPE)
+    assert pipe.stdout is not None
+    pipe.stdout.read(5)
+    tx.stage_write_file("from-pipe.bin", pipe.stdout)
+    pipe.stdout.close()
+    pipe.wait()
+    tx.stage_write_file("bytesio.bin", io.BytesIO(data))
+    tx.stage_write_file("gunzipped.bin", gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(data))))
+    tx.commit()
+    ws = tmp_path / "ws"
+    assert (ws / "partly-read.bin").read_bytes() == data[10:]
+    assert (ws / "from-pipe.bin").read_bytes() == data[5:]
+    assert (ws / "bytesio.bin").read_bytes() == data
+    assert (ws / "gunzipped.bin").read_bytes() == data
+
+
+def test_stage_write_file_refuses_a_text_file_object_and_stages_nothing(tmp_path: Path) -> None:
+    import io
+
+    from agent_2pc.errors import UsageError
+
+    client = Agent2PC.init(tmp_path)
+    tx = client.begin()
+    with pytest.raises(UsageError):
+        tx.stage_write_file("a.txt", io.StringIO("text"))  # type: ignore[arg-type]
+    assert tx.status()["ops"] == 0
+    assert os.listdir(client.engine.blobs.tmp_dir) == []

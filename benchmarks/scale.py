@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,32 @@ def sh(argv: list[str], env: dict | None = None, cwd: str | None = None) -> str:
     if proc.returncode != 0:
         raise SystemExit(f"{argv[:6]} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return proc.stdout
+
+
+_DELETERS: list[subprocess.Popen] = []
+
+
+def delete_later(path: str) -> None:
+    """Remove a big tree in a background ``rm -rf`` (on a file system mounted ``discard``
+    an unlink of many files takes minutes): the next figures run beside it, both sides of
+    each comparison alike; ``wait_deletes`` waits for them all at the end, untimed."""
+    if os.path.exists(path):
+        _DELETERS.append(subprocess.Popen(["rm", "-rf", path], stderr=subprocess.DEVNULL))
+
+
+def wait_deletes() -> float:
+    t0 = C.now()
+    for p in _DELETERS:
+        p.wait()
+    _DELETERS.clear()
+    return round(C.now() - t0, 1)
+
+
+class Scratch(C.BenchDir):
+    """A BenchDir removed in the background (delete_later) rather than on the way out."""
+
+    def __exit__(self, *exc: object) -> None:
+        delete_later(self.path)
 
 
 def median_ms(samples: list[float]) -> float:
@@ -129,7 +154,7 @@ def make_file(path: str, size: int) -> None:
 
 def section_large(mode: dict, python: str, env: dict, console: str) -> dict:
     out: dict = {"sizes": {}}
-    with C.BenchDir("large") as d:
+    with Scratch("large") as d:
         root = os.path.join(d.path, "ws")
         os.makedirs(root)
         sh([console, "--root", root, "init"], env=env)
@@ -195,7 +220,7 @@ for i in range(n):
 def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
     out: dict = {"files_per_dir": FILES_PER_DIR, "sizes": {}}
     maker_cmd = [python, "-c", MAKER]
-    with C.BenchDir("tree") as d:
+    with Scratch("tree") as d:
         out["dir"] = d.describe(probe=False)
         for n in mode["tree"]:
             runs = 1 if n > 20000 else mode["runs"]
@@ -247,8 +272,8 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                                                   row["on_disk_cmd_fsync_each"])
             row["tx_ms_per_file"] = C.r3(row["tx_exec_commit"] / n)
             out["sizes"][str(n)] = row
-            for name in os.listdir(d.path):  # keep the next size's inode allocation alike
-                shutil.rmtree(os.path.join(d.path, name), ignore_errors=True)
+            for name in os.listdir(d.path):
+                delete_later(os.path.join(d.path, name))
     sizes = list(out["sizes"])
     if len(sizes) > 1:
         a, b = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
@@ -284,7 +309,7 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
     from agent_2pc import Agent2PC
 
     out: dict = {"levels": {}}
-    with C.BenchDir("history") as d:
+    with Scratch("history") as d:
         # real history lines to copy: 64 small transactions, compacted
         seed = os.path.join(d.path, "seed")
         os.makedirs(seed)
@@ -345,7 +370,7 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                 "history_mib": round(os.path.getsize(hist) / MIB, 1)
                 if os.path.exists(hist) else 0,
                 **{f"{k}_ms": median_ms(v) for k, v in s.items() if v}}
-            shutil.rmtree(root, ignore_errors=True)
+            delete_later(root)
     levels = list(out["levels"])
     base = out["levels"][levels[0]]
     out["growth_vs_empty"] = {
@@ -378,7 +403,7 @@ print(json.dumps({"lat": lat, "first": t_first, "last": time.time()}))
 
 def section_agents(mode: dict, python: str, env: dict, console: str) -> dict:
     out: dict = {"rounds_per_agent": mode["agent_rounds"], "levels": {}}
-    with C.BenchDir("agents") as d:
+    with Scratch("agents") as d:
         for n in mode["agents"]:
             root = os.path.join(d.path, f"ws-{n}")
             os.makedirs(root)
@@ -403,7 +428,7 @@ def section_agents(mode: dict, python: str, env: dict, console: str) -> dict:
                                      "latency": C.latency_ms(lat),
                                      "first_agent_late_s": round(late, 3)}
             C.log(f"(d) {n} agents: {out['levels'][str(n)]['throughput_tx_per_s']} tx/s")
-            shutil.rmtree(root, ignore_errors=True)
+            delete_later(root)
     levels = list(out["levels"])
     one = out["levels"][levels[0]]
     out["growth_vs_one_agent"] = {
@@ -436,7 +461,7 @@ def section_view(mode: dict, python: str, env: dict, console: str) -> dict:
     tier = next((t for t in ("overlay", "userns-copy", "copy") if probe.get(t) is None), None)
     out: dict = {"tier": tier, "tiers_available": probe, "sizes": {}}
     runs = {"full": 9, "quick": 5, "smoke": 2}[mode["name"]]
-    with C.BenchDir("view") as d:
+    with Scratch("view") as d:
         for n in mode["view"]:
             root = os.path.join(d.path, f"tree-{n}")
             os.makedirs(root)
@@ -473,7 +498,7 @@ def section_view(mode: dict, python: str, env: dict, console: str) -> dict:
                                     "setup_ms": median_ms(setup),
                                     "plain_true_ms": median_ms(true_s)}
             client.close()
-            shutil.rmtree(root, ignore_errors=True)
+            delete_later(root)
     sizes = list(out["sizes"])
     if len(sizes) > 1:
         a, b = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
@@ -528,6 +553,7 @@ def main() -> None:
         result[label] = fn(mode, python, env, console)
         result[label]["section_s"] = round(C.now() - t0, 1)
     result["total_s"] = round(C.now() - t_all, 1)
+    result["waited_for_deletes_s"] = wait_deletes()
     if args.save:
         C.log(f"saved {save(result)}")
     C.emit(result, smoke=args.smoke)

@@ -183,14 +183,17 @@ class BlobStore:
         st = os.fstat(src)
         h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # a pipe: size unknown
         size = 0
+        buf = bytearray(CHUNK)  # one buffer, read into again and again: no 1 MiB allocation
+        view = memoryview(buf)  # (an mmap, page faults, an munmap) per chunk
         try:
             while True:
-                chunk = os.read(src, CHUNK)
-                if not chunk:
+                n = os.readv(src, [buf])
+                if not n:
                     break
+                chunk = view[:n]
                 h.update(chunk)
                 write_all(fd, chunk)
-                size += len(chunk)
+                size += n
             if size >= FRESH_MIN:
                 mark_written_now(fd)
         except BaseException:

@@ -46,9 +46,9 @@ FILES_PER_DIR = 100
 MODES = {
     "full": {"large_mib": [64, 256, 1024], "tree": [1000, 20000, 50000],
              "history": [0, 10000, 1000000], "agents": [1, 10, 50],
-             "view": [20000, 200000], "runs": 3, "agent_rounds": 4, "step_runs": 7},
+             "view": [20000, 200000], "runs": 3, "agent_rounds": 6, "step_runs": 7},
     "quick": {"large_mib": [64, 256], "tree": [1000, 20000], "history": [0, 10000, 100000],
-              "agents": [1, 10, 50], "view": [20000, 200000], "runs": 2, "agent_rounds": 2,
+              "agents": [1, 10, 50], "view": [20000, 200000], "runs": 2, "agent_rounds": 4,
               "step_runs": 5},
     "smoke": {"large_mib": [4], "tree": [200], "history": [0, 500], "agents": [1, 3],
               "view": [300], "runs": 1, "agent_rounds": 1, "step_runs": 1},
@@ -223,7 +223,7 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
     with Scratch("tree") as d:
         out["dir"] = d.describe(probe=False)
         for n in mode["tree"]:
-            runs = 1 if n > 20000 else mode["runs"]
+            runs = 1 if n >= 20000 else mode["runs"]  # a 20k-file commit takes minutes here
             rows: dict[str, list[float]] = {k: [] for k in (
                 "on_disk_cmd", "on_disk_cmd_syncfs", "on_disk_cmd_fsync_each",
                 "tx_exec", "tx_commit", "tx_exec_commit")}
@@ -323,6 +323,7 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
         with open(os.path.join(seed, ".agent-tx", "history.jsonl"), "rb") as f:
             templates = [line + b"\n" for line in f.read().splitlines() if line.strip()]
         out["history_line_bytes_mean"] = round(sum(map(len, templates)) / len(templates))
+        spaces: dict[int, dict] = {}
         for level in mode["history"]:
             root = os.path.join(d.path, f"ws-{level}")
             os.makedirs(root)
@@ -330,18 +331,25 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
             t0 = C.now()
             grow_history(root, level, templates)
             gen_s = C.now() - t0
-            wenv = dict(env, AGENT2PC_ROOT=root)
-            oldest = json.loads(templates[0])["tid"] if level == 0 else None
+            oldest = None
             if level:
                 with open(os.path.join(root, ".agent-tx", "history.jsonl"), "rb") as f:
                     oldest = json.loads(f.readline())["tid"]
-            os.sync()
             C.log(f"(c) {level} finished transactions (generated in {gen_s:.1f} s)")
-            runs = mode["step_runs"] if level < 1000000 else max(2, mode["step_runs"] // 2)
-            s: dict[str, list[float]] = {k: [] for k in ("begin", "stage_write", "commit",
-                                                        "begin_stage_commit", "status",
-                                                        "list", "status_old_tid")}
-            for i in range(runs + 1):  # the first round warms the page cache, untimed
+            spaces[level] = {"root": root, "env": dict(env, AGENT2PC_ROOT=root),
+                             "oldest": oldest, "gen_s": gen_s,
+                             "s": {k: [] for k in ("begin", "stage_write", "commit",
+                                                   "begin_stage_commit", "status", "list",
+                                                   "status_old_tid")}}
+        os.sync()
+        runs = mode["step_runs"]
+        levels = list(spaces)
+        # Interleaved: every round visits every level (in a rotating order), so that the load
+        # of the moment weighs on all levels alike; the first round only warms up, untimed.
+        for i in range(runs + 1):
+            for level in levels[i % len(levels):] + levels[:i % len(levels)]:
+                sp = spaces[level]
+                wenv, s = sp["env"], sp["s"]
                 t0 = C.now()
                 tid = sh([console, "begin"], env=wenv).strip()
                 t1 = C.now()
@@ -355,7 +363,7 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                 sh([console, "list"], env=wenv)
                 t5 = C.now()
                 if level:
-                    sh([console, "status", "--tid", oldest], env=wenv)
+                    sh([console, "status", "--tid", sp["oldest"]], env=wenv)
                 t6 = C.now()
                 if i == 0:
                     continue
@@ -364,13 +372,14 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                              ("list", t5 - t4), ("status_old_tid", t6 - t5)):
                     if k != "status_old_tid" or level:
                         s[k].append(v)
-            hist = os.path.join(root, ".agent-tx", "history.jsonl")
+        for level, sp in spaces.items():
+            hist = os.path.join(sp["root"], ".agent-tx", "history.jsonl")
             out["levels"][str(level)] = {
-                "generate_s": round(gen_s, 2), "runs": runs,
+                "generate_s": round(sp["gen_s"], 2), "runs": runs,
                 "history_mib": round(os.path.getsize(hist) / MIB, 1)
                 if os.path.exists(hist) else 0,
-                **{f"{k}_ms": median_ms(v) for k, v in s.items() if v}}
-            delete_later(root)
+                **{f"{k}_ms": median_ms(v) for k, v in sp["s"].items() if v}}
+            delete_later(sp["root"])
     levels = list(out["levels"])
     base = out["levels"][levels[0]]
     out["growth_vs_empty"] = {

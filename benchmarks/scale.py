@@ -18,8 +18,9 @@ every figure next to a baseline measured in the same run, and the growth factors
   e  view         the staged view's setup (``StagedView.run(["true"])`` + capture, and the
                   ``setup_ms`` it reports) on trees of 20k and 200k files.
 
-    python benchmarks/scale.py            # everything, full sizes (~15 min)
-    python benchmarks/scale.py --quick    # smaller sizes (~4-6 min)
+    python benchmarks/scale.py            # everything, full sizes (past 15 min where a file
+                                          # commit costs 10 ms, as in docs/benchmarks.md)
+    python benchmarks/scale.py --quick    # smaller sizes (14 min on a loaded 2-CPU host)
     python benchmarks/scale.py --smoke    # CI: tiny sizes, a few seconds
     python benchmarks/scale.py --sections a,d --save   # some sections; --save writes the JSON
                                                        # to benchmarks/results/ (clean src only)
@@ -542,7 +543,7 @@ def main() -> None:
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--smoke", action="store_true", help="CI: tiny sizes, a few seconds")
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (~5 min)")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--sections", default="abcde", help="which sections, e.g. a,c (default all)")
     ap.add_argument("--save", action="store_true",
                     help="also write the JSON to benchmarks/results/ (committed src/ only)")

@@ -190,7 +190,8 @@ class Transaction:
     def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes] | int,
                          mode: int | None = None) -> dict[str, Any]:
         """Stage the content of a file (a path, a binary file object, or an open descriptor,
-        read from where it stands and left open), streamed."""
+        read from where it stands to its end and left open), streamed: never held whole in
+        memory, hashed once while it is written."""
         if isinstance(source, int):
             return self._engine.stage_write(self.tid, path, src_fd=source, mode=mode)
         if isinstance(source, (str, os.PathLike)):
@@ -199,7 +200,47 @@ class Transaction:
                 return self._engine.stage_write(self.tid, path, src_fd=fd, mode=mode)
             finally:
                 os.close(fd)
-        return self._engine.stage_write(self.tid, path, src_fd=source.fileno(), mode=mode)
+        if not hasattr(source, "read"):
+            raise UsageError(f"source must be a path, a binary file object or a descriptor, "
+                             f"not {type(source).__name__}")
+        under = _file_descriptor(source)
+        if under is None:
+            return self._stage_from_reader(path, source, mode)
+        try:  # a buffered object's descriptor may stand ahead of what it handed out so far
+            os.lseek(under, source.tell(), os.SEEK_SET)
+        except OSError:  # not seekable (a pipe): its buffer, if any, may hold what comes first
+            if hasattr(source, "peek"):
+                return self._stage_from_reader(path, source, mode)
+        try:
+            return self._engine.stage_write(self.tid, path, src_fd=under, mode=mode)
+        finally:
+            try:
+                source.seek(0, os.SEEK_END)  # the object's buffer agrees with its descriptor
+            except OSError:
+                pass
+
+    def _stage_from_reader(self, path: str, source: IO[bytes], mode: int | None
+                           ) -> dict[str, Any]:
+        """Stage an object without a usable descriptor (io.BytesIO, a decompressing reader, a
+        buffered pipe with bytes in its buffer): its content goes through an unnamed temp file
+        next to the blobs, in chunks, so that a read error or a text-mode object fails before
+        anything is staged."""
+        import tempfile
+
+        from ..storage.hashing import CHUNK
+
+        with tempfile.TemporaryFile(dir=self._engine.blobs.tmp_dir) as spool:
+            while True:
+                chunk = source.read(CHUNK)
+                if not chunk:
+                    break
+                if not isinstance(chunk, (bytes, bytearray, memoryview)):
+                    raise UsageError("source must be a binary file object (it read "
+                                     f"{type(chunk).__name__})")
+                spool.write(chunk)
+            spool.flush()
+            os.lseek(spool.fileno(), 0, os.SEEK_SET)
+            return self._engine.stage_write(self.tid, path, src_fd=spool.fileno(), mode=mode)
 
     def stage_delete(self, path: str) -> dict[str, Any]:
         return self._engine.stage_delete(self.tid, path)
@@ -353,3 +394,13 @@ class _Scope:
             tx.commit()
         else:
             tx.abort(reason=f"{type(exc).__name__}: {exc}"[:500])
+
+
+def _file_descriptor(source: Any) -> int | None:
+    """The descriptor under a file object, or None (io.BytesIO and the like have none)."""
+    import io
+
+    try:
+        return int(source.fileno())
+    except (AttributeError, io.UnsupportedOperation, OSError, ValueError):
+        return None

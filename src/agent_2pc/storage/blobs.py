@@ -13,6 +13,16 @@ blob present and is about to name it: the mover decides under the log lock, afte
 appended record, and a stager checks again *after* appending its record (``Pending.settle``) and
 writes the blob anew if it was moved meanwhile. Garbage collection removes under the same rule.
 
+Large blobs are read once. Staging hashes a large file while it writes it and marks the new blob
+with the boot it was written in (an extended attribute, ``user.agent2pc.boot``). Prepare's check
+of a blob's bytes against its name is there for a machine crash between staging and prepare: it
+can leave a blob that was never synced with the right size and the wrong bytes. A blob written
+in this boot cannot have been damaged so (the page cache holds what was written; a writeback
+error since is reported by prepare's fsync, which discards the blob), so prepare syncs it
+without reading it again, and takes the mark off before its fsync (the blob may be moved into
+the tree). Any other blob (an older boot's, no mark, a file system without user extended
+attributes) is hashed again.
+
 Pre-images (what a commit replaced or deleted) are kept by hard link at apply time as
 ``preimages/<tid>.<k>``: zero-copy, named by transaction and position (a program outside any
 transaction may have written into the file since prepare hashed it, so a hash name could lie).
@@ -29,6 +39,53 @@ from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, write_all
 from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
 
 _counter = itertools.count()
+
+FRESH_MIN = 1 << 20  # from this size on, a blob carries its boot (smaller: hashed again, cheap)
+BOOT_XATTR = "user.agent2pc.boot"
+_boot: list[bytes] = []
+
+
+def boot_id() -> bytes:
+    """This boot's id (b"" where the kernel does not tell it: then nothing is marked)."""
+    if not _boot:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", "rb") as f:
+                _boot.append(f.read().strip())
+        except OSError:
+            _boot.append(b"")
+    return _boot[0]
+
+
+def _writable(fd: int, change) -> bool:  # type: ignore[no-untyped-def]
+    """Run ``change(fd)`` on a read-only (0444) blob: an extended attribute needs write
+    permission on the file even for its owner, so the file is made 0600 meanwhile."""
+    try:
+        os.fchmod(fd, 0o600)
+        try:
+            change(fd)
+        finally:
+            os.fchmod(fd, 0o444)
+        return True
+    except OSError:
+        return False
+
+
+def mark_written_now(fd: int) -> None:
+    """Mark the blob open on ``fd`` as written in this boot (best effort: no mark, no skip)."""
+    boot = boot_id()
+    if boot:
+        _writable(fd, lambda fd: os.setxattr(fd, BOOT_XATTR, boot))
+
+
+def take_mark(fd: int) -> bool:
+    """Was the blob open on ``fd`` written in this boot? Takes the mark off either way (the
+    blob may be moved into the tree, where it has no business)."""
+    try:
+        mark = os.getxattr(fd, BOOT_XATTR)
+    except OSError:
+        return False
+    _writable(fd, lambda fd: os.removexattr(fd, BOOT_XATTR))
+    return bool(boot_id()) and mark == boot_id()
 
 
 class BlobCorrupt(Exception):
@@ -104,6 +161,8 @@ class BlobStore:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
         try:
             write_all(fd, data)
+            if len(data) >= FRESH_MIN:
+                mark_written_now(fd)
         finally:
             os.close(fd)
         rename(tmp, self.path(digest))
@@ -124,14 +183,19 @@ class BlobStore:
         st = os.fstat(src)
         h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # a pipe: size unknown
         size = 0
+        buf = bytearray(CHUNK)  # one buffer, read into again and again: no 1 MiB allocation
+        view = memoryview(buf)  # (an mmap, page faults, an munmap) per chunk
         try:
             while True:
-                chunk = os.read(src, CHUNK)
-                if not chunk:
+                n = os.readv(src, [buf])
+                if not n:
                     break
+                chunk = view[:n]
                 h.update(chunk)
                 write_all(fd, chunk)
-                size += len(chunk)
+                size += n
+            if size >= FRESH_MIN:
+                mark_written_now(fd)
         except BaseException:
             os.close(fd)
             os.unlink(tmp)
@@ -158,8 +222,9 @@ class BlobStore:
         return data
 
     def make_durable(self, digests: list[str]) -> None:
-        """Check each blob's bytes against its name and fsync it, then fsync each fan-out
-        directory once: after this the blobs survive a machine crash under their names.
+        """Check each blob's bytes against its name (unless it was written in this boot, see
+        above) and fsync it, then fsync each fan-out directory once: after this the blobs
+        survive a machine crash under their names.
 
         A failed fsync discards every one of them: their bytes may be gone from the disk while
         the page cache still shows them, and a later fsync would succeed without writing them
@@ -172,7 +237,9 @@ class BlobStore:
                 except FileNotFoundError:
                     raise BlobCorrupt(digest, "missing") from None
                 try:
-                    if sha256_fd(fd)[0] != digest:
+                    size = os.fstat(fd).st_size
+                    if not (size >= FRESH_MIN and take_mark(fd)) and \
+                            sha256_fd(fd, size)[0] != digest:
                         raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
                     fsync_fd(fd)
                 finally:

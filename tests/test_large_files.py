@@ -1,0 +1,197 @@
+"""Large files at disk speed (issue 19): staging and committing a large file streams it in
+bounded memory, through the library and the CLI; prepare reads a large blob again only when a
+machine crash could have damaged it (storage/blobs.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent_2pc import Agent2PC
+from agent_2pc.errors import TransactionAborted
+from agent_2pc.storage import blobs as blobs_mod
+
+pytestmark = pytest.mark.timeout(180)
+
+MIB = 1 << 20
+BIG = 256 * MIB
+RSS_GROWTH_MAX_MIB = 24  # a few chunks of 1 MiB, and the interpreter's own noise
+
+LIBRARY_CHILD = """
+import json, os, resource, sys
+from agent_2pc import Agent2PC
+root, src = sys.argv[1], sys.argv[2]
+client = Agent2PC(root)
+tx = client.begin()  # everything imported and warm before the baseline
+tx.stage_write("warm.txt", "warm\\n")
+tx.commit()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+tx = client.begin()
+if sys.argv[3] == "path":
+    tx.stage_write_file("big.bin", src)
+else:
+    with open(src, "rb") as f:
+        tx.stage_write_file("big.bin", f)
+tx.commit()
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"before_kib": before, "after_kib": after}))
+"""
+
+
+def xattrs_work(path: Path) -> bool:
+    probe = path / "xattr-probe"
+    probe.write_bytes(b"x")
+    try:
+        os.setxattr(probe, "user.agent2pc.probe", b"1")
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+
+
+def sparse_file(path: Path, size: int) -> Path:
+    """A file of ``size`` bytes that costs no disk to make (reads as zeros)."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return path
+
+
+@pytest.mark.parametrize("source", ["path", "file object"])
+def test_a_256_mib_file_is_staged_and_committed_by_the_library_in_bounded_memory(
+        tmp_path: Path, source: str) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    Agent2PC.init(root).close()
+    src = sparse_file(tmp_path / "big.src", BIG)
+    proc = subprocess.run([sys.executable, "-c", LIBRARY_CHILD, str(root), str(src),
+                           "path" if source == "path" else "fileobj"],
+                          capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    growth_mib = (out["after_kib"] - out["before_kib"]) / 1024
+    assert growth_mib < RSS_GROWTH_MAX_MIB, out
+    assert (root / "big.bin").stat().st_size == BIG
+
+
+def test_a_256_mib_file_is_staged_and_committed_by_the_cli_in_bounded_memory(
+        tmp_path: Path) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    Agent2PC.init(root).close()
+    src = sparse_file(tmp_path / "big.src", BIG)
+    # One child runs the three CLI calls and reports the largest RSS among them.
+    script = """
+import json, resource, subprocess, sys
+cli = [sys.executable, "-m", "agent_2pc", "--root", sys.argv[1]]
+tid = subprocess.run(cli + ["begin"], check=True, capture_output=True, text=True).stdout.strip()
+subprocess.run(cli + ["stage-write", "--tid", tid, "--path", "big.bin", "--from-file",
+                      sys.argv[2]], check=True, capture_output=True)
+subprocess.run(cli + ["commit", "--tid", tid], check=True, capture_output=True)
+print(json.dumps({"children_max_kib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}))
+"""
+    small = subprocess.run([sys.executable, "-c", script.replace("big.bin", "small.txt"),
+                            str(root), str(sparse_file(tmp_path / "small.src", 10))],
+                           capture_output=True, text=True, timeout=170)
+    assert small.returncode == 0, small.stderr
+    big = subprocess.run([sys.executable, "-c", script, str(root), str(src)],
+                         capture_output=True, text=True, timeout=170)
+    assert big.returncode == 0, big.stderr
+    baseline = json.loads(small.stdout)["children_max_kib"]
+    peak = json.loads(big.stdout)["children_max_kib"]
+    assert (peak - baseline) / 1024 < RSS_GROWTH_MAX_MIB, (baseline, peak)
+    assert (root / "big.bin").stat().st_size == BIG
+
+
+def test_prepare_does_not_read_a_large_blob_written_in_this_boot_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if not xattrs_work(tmp_path):
+        pytest.skip("no user extended attributes on this file system")
+    client = Agent2PC.init(tmp_path)
+    data = os.urandom(2 * MIB)
+    tx = client.begin()
+    tx.stage_write("big.bin", data)
+
+    def no_second_read(*a: object, **k: object) -> None:
+        raise AssertionError("prepare hashed a blob written in this boot again")
+
+    monkeypatch.setattr(blobs_mod, "sha256_fd", no_second_read)
+    assert tx.commit()["state"] == "committed"
+    assert (tmp_path / "big.bin").read_bytes() == data
+    with pytest.raises(OSError):  # the mark stays in the blob store, never in the tree
+        os.getxattr(tmp_path / "big.bin", blobs_mod.BOOT_XATTR)
+
+
+def test_a_large_blob_from_an_earlier_boot_is_checked_and_a_damaged_one_refused(
+        tmp_path: Path) -> None:
+    if not xattrs_work(tmp_path):
+        pytest.skip("no user extended attributes on this file system")
+    client = Agent2PC.init(tmp_path)
+    tx = client.begin()
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(2 * MIB))
+    digest = None
+    tx.stage_write_file("big.bin", src)
+    digest = next(op.blob for op in client.engine.txs[tx.tid].changes())
+    blob = Path(client.engine.blobs.path(digest))
+    assert os.getxattr(blob, blobs_mod.BOOT_XATTR) == blobs_mod.boot_id()
+    # What a machine crash before prepare leaves: the right size, other bytes, an old boot.
+    os.chmod(blob, 0o600)
+    with open(blob, "r+b") as f:
+        f.seek(MIB)
+        f.write(b"\0" * 4096)
+    os.setxattr(blob, blobs_mod.BOOT_XATTR, b"00000000-0000-0000-0000-000000000000")
+    os.chmod(blob, 0o444)
+    with pytest.raises(TransactionAborted) as info:
+        tx.commit()
+    assert info.value.code == "corrupt_blob"
+    assert not (tmp_path / "big.bin").exists()
+
+
+def test_stage_write_file_takes_a_file_object_from_where_it_stands_or_one_without_descriptor(
+        tmp_path: Path) -> None:
+    import gzip
+    import io
+
+    (tmp_path / "ws").mkdir()
+    client = Agent2PC.init(tmp_path / "ws")
+    data = os.urandom(3 * MIB + 17)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    tx = client.begin()
+    with open(src, "rb") as f:
+        f.read(10)  # its buffer now holds more than it handed out
+        assert tx.stage_write_file("partly-read.bin", f)["bytes"] == len(data) - 10
+        assert f.read() == b""  # left at its end, as after reading it all
+    pipe = subprocess.Popen(["cat", str(src)], stdout=subprocess.PIPE)
+    assert pipe.stdout is not None
+    pipe.stdout.read(5)
+    tx.stage_write_file("from-pipe.bin", pipe.stdout)
+    pipe.stdout.close()
+    pipe.wait()
+    tx.stage_write_file("bytesio.bin", io.BytesIO(data))
+    tx.stage_write_file("gunzipped.bin", gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(data))))
+    tx.commit()
+    ws = tmp_path / "ws"
+    assert (ws / "partly-read.bin").read_bytes() == data[10:]
+    assert (ws / "from-pipe.bin").read_bytes() == data[5:]
+    assert (ws / "bytesio.bin").read_bytes() == data
+    assert (ws / "gunzipped.bin").read_bytes() == data
+
+
+def test_stage_write_file_refuses_a_text_file_object_and_stages_nothing(tmp_path: Path) -> None:
+    import io
+
+    from agent_2pc.errors import UsageError
+
+    client = Agent2PC.init(tmp_path)
+    tx = client.begin()
+    with pytest.raises(UsageError):
+        tx.stage_write_file("a.txt", io.StringIO("text"))  # type: ignore[arg-type]
+    assert tx.status()["ops"] == 0
+    assert os.listdir(client.engine.blobs.tmp_dir) == []

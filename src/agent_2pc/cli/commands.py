@@ -9,6 +9,7 @@ import os
 
 from ..errors import UsageError
 from .args import FLAG, MULTI, Command, Opt, int_arg
+from .daemon import DAEMON
 from .fence import FENCE
 from .hook import HOOK
 from .mcp import MCP
@@ -470,4 +471,5 @@ COMMANDS: tuple[Command, ...] = (
     FENCE,
     HOOK,
     MCP,
+    DAEMON,
 )

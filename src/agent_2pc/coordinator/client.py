@@ -31,14 +31,24 @@ if TYPE_CHECKING:
 class Agent2PC:
     """A workspace: the directory tree that holds ``.agent-tx/``."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, daemon: bool = True
+                 ) -> None:
+        """``daemon=False``: work in this process even when a daemon serves the workspace
+        (otherwise its steps go to the daemon, with the same answers; docs/daemon.md)."""
         env = os.environ.get("AGENT2PC_ROOT")
         if root is None and env:
             self.root = locate_root(env)
         else:
             self.root = locate_root(cwd=os.fspath(root) if root is not None else None)
         check_writable(self.root)
-        self.engine = Engine(self.root)
+        remote = None
+        if daemon:
+            from ..daemon.remote import open_remote
+
+            remote = open_remote(self.root)  # one connect(): is a daemon there?
+        self.via_daemon = remote is not None
+        self.engine: Engine = remote if remote is not None else Engine(  # type: ignore
+            self.root)
 
     @staticmethod
     def find_root(root: str | os.PathLike[str] | None = None) -> str:

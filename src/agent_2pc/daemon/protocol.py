@@ -4,7 +4,8 @@
 A request ``{"jsonrpc": "2.0", "id": 1, "method": "stage_write", "params": {...}}`` names a
 library operation and its arguments by name; the answer is ``{"jsonrpc": "2.0", "id": 1,
 "result": {...}}`` or ``{"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": M,
-"data": {"code": CONTRACT_CODE, "type": CLASS, "exit_status": N, "details": {...}}}}``.
+"data": {"code": CONTRACT_CODE, "type": CLASS, "exit_status": N, "details": {...},
+"params": [NAME...]}}}`` (``params``: the parameters the message quotes, as `name`).
 
 Imported by every client that looks for a daemon: standard library only, nothing heavy.
 """
@@ -99,7 +100,7 @@ def error_data(exc: errors.Agent2PCError) -> dict[str, Any]:
     if tid is not None and "tid" not in details:
         details["tid"] = tid
     return {"code": exc.code, "type": type(exc).__name__, "exit_status": exc.exit_status,
-            "details": details}
+            "details": details, "params": list(exc.params)}
 
 
 def raise_error(err: dict[str, Any]) -> None:
@@ -116,7 +117,7 @@ def raise_error(err: dict[str, Any]) -> None:
     Exception.__init__(exc, message)
     exc.message = message
     exc.code = str(data["code"])
-    exc.params = ()
+    exc.params = tuple(p for p in data.get("params") or () if isinstance(p, str))
     details = dict(data.get("details") or {})
     if isinstance(exc, (errors.TransactionAborted, errors.CheckFailed)):
         exc.tid = details.pop("tid", None)

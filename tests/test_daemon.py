@@ -201,8 +201,9 @@ def test_a_peer_of_another_user_is_refused(root: str) -> None:
 
 def test_protocol_errors_carry_json_rpc_and_contract_codes(root: str) -> None:
     with DaemonProc(root):
-        sock = protocol.connect(root)
-        assert sock is not None
+        raw = protocol.connect(root)
+        assert raw is not None
+        sock = socket.socket(fileno=raw.detach())
         f = sock.makefile("rwb")
 
         def ask(raw: bytes) -> dict[str, Any]:

@@ -21,11 +21,12 @@ import os
 from ..errors import UsageError
 from ..storage.workspace import init as init_workspace
 from ._locate import check_writable, locate_root
-from .engine import Engine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
+
+    from .engine import Engine
 
 
 class Agent2PC:
@@ -47,8 +48,12 @@ class Agent2PC:
 
             remote = open_remote(self.root)  # one connect(): is a daemon there?
         self.via_daemon = remote is not None
-        self.engine: Engine = remote if remote is not None else Engine(  # type: ignore
-            self.root)
+        if remote is not None:
+            self.engine: Engine = remote  # type: ignore[assignment]
+        else:  # imported here: through a daemon, a CLI step never loads the engine
+            from .engine import Engine
+
+            self.engine = Engine(self.root)
 
     @staticmethod
     def find_root(root: str | os.PathLike[str] | None = None) -> str:
@@ -75,6 +80,7 @@ class Agent2PC:
         list its live transactions, which the next command will finish, without touching
         them. ``agent-2pc trust``."""
         from ..storage.workspace import find_root, trust
+        from .engine import Engine
 
         found = find_root(os.fspath(root) if root is not None else os.environ.get(
             "AGENT2PC_ROOT"), trusted=False)

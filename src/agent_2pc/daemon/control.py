@@ -34,7 +34,7 @@ def _call(root: str, method: str, params: dict[str, Any] | None = None) -> Any:
         return None
     try:
         sock.sendall(protocol.request(1, method, params or {}))
-        line = sock.makefile("rb").readline(protocol.LINE_BYTES_MAX + 1)
+        line = protocol.LineReader(sock).readline()
     except OSError as exc:
         raise errors.DaemonUnavailable(f"the daemon stopped answering ({exc})",
                                        socket=protocol.socket_path(root)) from None

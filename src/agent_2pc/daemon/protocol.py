@@ -12,9 +12,9 @@ Imported by every client that looks for a daemon: standard library only, nothing
 
 from __future__ import annotations
 
+import _socket
 import json
 import os
-import socket
 
 from .. import errors
 
@@ -54,11 +54,12 @@ def address(path: str) -> tuple[str, int | None]:
     return f"/proc/self/fd/{fd}/{os.path.basename(path)}", fd
 
 
-def connect(root: str, timeout_s: float | None = None) -> socket.socket | None:
+def connect(root: str, timeout_s: float | None = None) -> _socket.socket | None:
     """A connection to the daemon serving ``root``, or None when none listens there (no
-    socket, or a stale one that a dead daemon left)."""
+    socket, or a stale one that a dead daemon left). The C module's socket: the ``socket``
+    module costs the CLI milliseconds to import."""
     path = socket_path(root)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     addr, dir_fd = address(path)
     try:
         sock.settimeout(timeout_s)
@@ -73,6 +74,32 @@ def connect(root: str, timeout_s: float | None = None) -> socket.socket | None:
         if dir_fd is not None:
             os.close(dir_fd)
     return sock
+
+
+class LineReader:
+    """Lines from a socket (the C module's has no ``makefile``)."""
+
+    __slots__ = ("_sock", "_buf")
+
+    def __init__(self, sock: _socket.socket) -> None:
+        self._sock = sock
+        self._buf = b""
+
+    def readline(self, limit: int = LINE_BYTES_MAX) -> bytes:
+        """The next line with its ``\n``; without it at the end of the stream or past
+        ``limit`` bytes."""
+        while True:
+            end = self._buf.find(b"\n")
+            if end >= 0:
+                line, self._buf = self._buf[:end + 1], self._buf[end + 1:]
+                return line
+            if len(self._buf) > limit:
+                return self._buf
+            chunk = self._sock.recv(1 << 16)
+            if not chunk:
+                line, self._buf = self._buf, b""
+                return line
+            self._buf += chunk
 
 
 def request(rid: int, method: str, params: dict[str, Any]) -> bytes:

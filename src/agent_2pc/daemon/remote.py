@@ -14,10 +14,10 @@ the engine finishes or undoes what the dead daemon left (its locks died with it)
 
 from __future__ import annotations
 
+import _socket
 import base64
 import json
 import os
-import socket as _socket
 from _thread import allocate_lock
 
 from ..errors import DaemonUnavailable
@@ -41,7 +41,7 @@ class RemoteEngine:
     def __init__(self, root: str, sock: _socket.socket) -> None:
         self.root = root
         self._sock: _socket.socket | None = sock
-        self._reader = sock.makefile("rb")
+        self._reader = protocol.LineReader(sock)
         self._mutex = allocate_lock()
         self._next_id = 0
         self._local: Engine | None = None
@@ -59,7 +59,7 @@ class RemoteEngine:
             if self._sock is None:
                 sock = protocol.connect(self.root)
                 if sock is not None:
-                    self._sock, self._reader = sock, sock.makefile("rb")
+                    self._sock, self._reader = sock, protocol.LineReader(sock)
             if self._sock is not None:
                 self._next_id += 1
                 try:
@@ -88,7 +88,6 @@ class RemoteEngine:
     def _drop(self) -> None:
         if self._sock is not None:
             try:
-                self._reader.close()
                 self._sock.close()
             finally:
                 self._sock = None
@@ -195,11 +194,6 @@ class RemoteEngine:
 
 def _hung_up(sock: _socket.socket) -> bool:
     """Did the daemon close this idle connection (stopped, restarted)?"""
-    import select
-
-    ready, _, _ = select.select([sock], [], [], 0)
-    if not ready:
-        return False
     try:
         return sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b""
     except BlockingIOError:

@@ -92,10 +92,11 @@ class GroupCommit:
         self._cv = threading.Condition(threading.Lock())
         self._queue: list[Ticket] = []
         self._leading = False
-        self._tx_locks = threading.Lock()
 
     def tx_lock(self, tid: str) -> Any:
-        with self._tx_locks:
+        """``tid``'s lock object: the one the engine's own steps will take (reentrant) once a
+        request holds it (under the mutex: the journal's cache of them is not thread-safe)."""
+        with self.mutex:
             return self.engine.journal.tx_lock(tid)
 
     # -- a commit request --------------------------------------------------------------------

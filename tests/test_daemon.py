@@ -357,3 +357,31 @@ def test_socket_is_unix_stream(root: str) -> None:
         sock = protocol.connect(root)
         assert sock is not None and sock.family == socket.AF_UNIX
         sock.close()
+
+
+def test_steps_that_run_commands_work_beside_the_daemon(root: str, tmp_path: Any) -> None:
+    # stage-cmd, exec and stage-write --from-file run in the calling process (its terminal,
+    # environment and files); the daemon sees what they staged, and commits it
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"\x00from a file\xff")
+    manifest = json.dumps({"label": "batch", "steps": [{"participant_id": "fs", "intent": {
+        "type": "fs_write", "path": "batch.txt", "content": "from a manifest\n"}}]})
+    with DaemonProc(root):
+        tid = cli(root, "begin")[1]["tid"]
+        assert cli(root, "stage-write", "--tid", tid, "--path", "f.bin", "--from-file",
+                   str(src))[0] == 0
+        status, out = cli(root, "stage-cmd", "--tid", tid, "--command", "test -f f.bin")
+        assert status == 0 and out["passed"] is True, out
+        proc = run_cli(("exec", "--tid", tid, "--json", "--", "sh", "-c",
+                        "echo made > made.txt"), root=root)
+        assert proc.returncode == 0, proc.stderr
+        status, out = cli(root, "commit", "--tid", tid)
+        assert status == 0 and sorted(out["files"]) == ["f.bin", "made.txt"], out
+        status, out = cli(root, "run-batch", "--file", "-", input=manifest)
+        assert status == 0 and out["state"] == "committed", out
+        st = cli(root, "daemon", "status")[1]
+    assert st["commits"] == 2
+    with open(os.path.join(root, "f.bin"), "rb") as f:
+        assert f.read() == b"\x00from a file\xff"
+    with open(os.path.join(root, "batch.txt")) as f:
+        assert f.read() == "from a manifest\n"

@@ -102,11 +102,14 @@ def start(root: str, reap_interval_ms: int | None = None) -> dict[str, Any]:
     finally:
         child.stdout.close()
     if not line.endswith(b"\n"):
+        why = f"did not start within {START_TIMEOUT_S:.0f} s"
         if child.poll() is None:
             child.kill()
+        else:
+            why = f"exited with status {child.returncode} before it listened"
         raise errors.DaemonUnavailable(
-            f"the daemon did not start within {START_TIMEOUT_S:.0f} s; see "
-            f"{os.path.join(root, '.agent-tx', LOG_NAME)}", socket=protocol.socket_path(root))
+            f"the daemon {why}; see {os.path.join(root, '.agent-tx', LOG_NAME)}",
+            socket=protocol.socket_path(root))
     obj = json.loads(line)
     if not obj.get("ok"):
         child.wait()

@@ -27,7 +27,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- IoFailed                      io_error         (the disk refused a write, an fsync...)
     |   |-- UntrustedWorkspace            untrusted_workspace (not made here: `agent-2pc trust`)
     |   |-- IsolationUnavailable          isolation_unavailable
-    |   `-- WorkspaceReadOnly             workspace_read_only (e.g. inside a staged view)
+    |   |-- WorkspaceReadOnly             workspace_read_only (e.g. inside a staged view)
+    |   `-- DaemonUnavailable             daemon_unavailable (no daemon, or it died mid-request)
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
     |   |-- CheckFailed                   verification_failed | command_failed | timeout |
@@ -203,6 +204,14 @@ class IsolationUnavailable(WorkspaceError):
 
 class WorkspaceReadOnly(WorkspaceError):
     code = "workspace_read_only"
+
+
+class DaemonUnavailable(WorkspaceError):
+    """The workspace's daemon is not there (``daemon stop``, ``daemon status``), refused a
+    second start, or died in the middle of a request: what that request did is finished or
+    undone by the next call (direct, or through a restarted daemon), all or nothing."""
+
+    code = "daemon_unavailable"
 
 
 # -- a definite no: exit 1 ---------------------------------------------------------------------

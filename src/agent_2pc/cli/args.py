@@ -68,6 +68,8 @@ GLOBAL_OPTS = (
     Opt("--json", FLAG, help="print exactly one JSON object on stdout"),
     Opt("--root", VALUE, metavar="DIR", help="the workspace root (default: $AGENT2PC_ROOT, "
         "else the nearest ancestor holding .agent-tx/)"),
+    Opt("--no-daemon", FLAG, help="work in this process even when a daemon serves the "
+        "workspace (docs/daemon.md)"),
 )
 
 
@@ -90,7 +92,7 @@ def parse(argv: list[str], commands: tuple[Command, ...], prog: str = "agent-2pc
 
     Raises UsageError for bad input and HelpRequested when ``-h``/``--help`` is asked for.
     """
-    args: dict[str, Any] = {"json": False, "root": None}
+    args: dict[str, Any] = {"json": False, "root": None, "no_daemon": False}
     path: list[Command] = []
     table = {c.name: c for c in commands}
     opts = {o.flag: o for o in GLOBAL_OPTS}

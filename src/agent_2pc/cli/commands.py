@@ -10,6 +10,7 @@ import os
 from ..errors import UsageError
 from .args import FLAG, MULTI, Command, Opt, int_arg
 from .bundle import EXPORT, IMPORT
+from .daemon import DAEMON
 from .fence import FENCE
 from .hook import HOOK
 from .mcp import MCP
@@ -556,4 +557,5 @@ COMMANDS: tuple[Command, ...] = (
     FENCE,
     HOOK,
     MCP,
+    DAEMON,
 )

@@ -24,6 +24,7 @@ class Context:
     def __init__(self, args: dict[str, Any]) -> None:
         self.json: bool = bool(args.get("json"))
         self.root_arg: str | None = args.get("root")
+        self.daemon: bool = not args.get("no_daemon")
         self._client: Agent2PC | None = None
 
     def root(self) -> str:
@@ -36,7 +37,7 @@ class Context:
         if self._client is None:
             from ..coordinator.client import Agent2PC
 
-            self._client = Agent2PC(self.root())
+            self._client = Agent2PC(self.root(), daemon=self.daemon)
         return self._client
 
     def tx(self, args: dict[str, Any]) -> Transaction:

@@ -21,24 +21,39 @@ import os
 from ..errors import UsageError
 from ..storage.workspace import init as init_workspace
 from ._locate import check_writable, locate_root
-from .engine import Engine
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import IO, Any
 
+    from .engine import Engine
+
 
 class Agent2PC:
     """A workspace: the directory tree that holds ``.agent-tx/``."""
 
-    def __init__(self, root: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str] | None = None, daemon: bool = True
+                 ) -> None:
+        """``daemon=False``: work in this process even when a daemon serves the workspace
+        (otherwise its steps go to the daemon, with the same answers; docs/daemon.md)."""
         env = os.environ.get("AGENT2PC_ROOT")
         if root is None and env:
             self.root = locate_root(env)
         else:
             self.root = locate_root(cwd=os.fspath(root) if root is not None else None)
         check_writable(self.root)
-        self.engine = Engine(self.root)
+        remote = None
+        if daemon:
+            from ..daemon.remote import open_remote
+
+            remote = open_remote(self.root)  # one connect(): is a daemon there?
+        self.via_daemon = remote is not None
+        if remote is not None:
+            self.engine: Engine = remote  # type: ignore[assignment]
+        else:  # imported here: through a daemon, a CLI step never loads the engine
+            from .engine import Engine
+
+            self.engine = Engine(self.root)
 
     @staticmethod
     def find_root(root: str | os.PathLike[str] | None = None) -> str:
@@ -78,6 +93,7 @@ class Agent2PC:
         list its live transactions, which the next command will finish, without touching
         them. ``agent-2pc trust``."""
         from ..storage.workspace import find_root, trust
+        from .engine import Engine
 
         found = find_root(os.fspath(root) if root is not None else os.environ.get(
             "AGENT2PC_ROOT"), trusted=False)

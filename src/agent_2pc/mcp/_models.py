@@ -387,6 +387,17 @@ class HookCheckOut(Out):
                                               "missing_ok).")
 
 
+class DaemonStatusOut(Out):
+    running: bool = Field(description="Does a daemon serve this workspace?")
+    pid: int | None = None
+    socket: str | None = Field(None, description="Its socket (.agent-tx/daemon.sock).")
+    uptime_s: float | None = None
+    clients: int = Field(description="Connections open now.")
+    requests: int = Field(description="Requests served since it started.")
+    commits: int = Field(description="Commits decided through its group commit.")
+    fsyncs: int = Field(description="Log fsyncs those commits took (fewer: batched).")
+
+
 class StatusOut(Out):
     transactions: list[TxRow]
     health: HealthOut | None = None

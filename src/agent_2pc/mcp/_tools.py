@@ -237,6 +237,12 @@ def _hook_check(rt: Runtime, a: m.HookCheckIn) -> dict[str, Any]:
     return check(rt.root_arg, missing_ok=a.missing_ok)
 
 
+def _daemon_status(rt: Runtime, a: m.EmptyIn) -> dict[str, Any]:
+    from ..daemon.control import status
+
+    return status(rt.root())
+
+
 def _fence_status(rt: Runtime, a: m.FenceStatusIn) -> dict[str, Any]:
     fence = rt.fence()
     if a.intent is not None:
@@ -494,6 +500,13 @@ TOOLS: tuple[ToolSpec, ...] = (
         m.HookCheckIn, (m.HookCheckOut,),
         lambda rt, a: _hook_check(rt, a),
         READ_ONLY, uses_engine=False),
+    ToolSpec(
+        "agent_2pc_daemon_status", "Is the workspace's daemon running",
+        "Whether a background daemon (agent-2pc daemon start) serves this workspace on its "
+        "Unix socket, and its counters. Returns {running, pid, socket, uptime_s, clients, "
+        "requests, commits, fsyncs} (running: false and zeros when none; that is not an "
+        "error: every tool works the same without it). Read-only.",
+        m.EmptyIn, (m.DaemonStatusOut,), _daemon_status, READ_ONLY, uses_engine=False),
     ToolSpec(
         "fence_prepare", "Ask to run an effect exactly once",
         "Before a side effect that must happen once (a payment, an e-mail, a POST), ask the "

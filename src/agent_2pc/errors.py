@@ -32,6 +32,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   |-- InFlight                      in_flight        (hook check: transactions are live)
+    |   |-- Tampered                      tampered         (a history line fails its hash chain)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
     `-- UnknownOutcome      (something may have happened: hold the fence)            1
@@ -229,6 +230,13 @@ class InFlight(Refusal):
     (the JSON answer carries it beside the error)."""
 
     code = "in_flight"
+
+
+class Tampered(Refusal):
+    """A history line (or a bundle) fails its hash: it was edited, deleted, moved or damaged
+    after it was written. ``details`` name where (``line``, ``tid``)."""
+
+    code = "tampered"
 
 
 class FenceRefusal(Refusal):

@@ -16,9 +16,10 @@ from _thread import RLock
 
 from .. import crashpoints
 from ..core import confine, records
-from ..core.states import FINISHED, IllegalTransition, Tx, apply_record
+from ..core.states import COMMITTED, FINISHED, IllegalTransition, Tx, apply_record
 from ..errors import CorruptWal, UnknownTid
 from ..storage import history
+from ..storage.durable import fsync_dir
 from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log, PausedGc
 from ..storage.workspace import log_check
@@ -95,8 +96,11 @@ class Journal:
             try:
                 self.refresh()
                 before = self.log.size()
-                finished = [tx for tx in self.txs.values() if tx.state in FINISHED]
-                history.append(self.layout.history, [summary(tx) for tx in finished])
+                finished = self.finished()
+                if any(tx.state == COMMITTED for tx in finished):
+                    fsync_dir(self.layout.preimages)  # what undo needs, named by history
+                history.append(self.layout.history, [summary(tx) for tx in finished],
+                               self.layout.history_head)
                 crashpoints.hit("compact.after_history")
                 live = {tid: tx for tid, tx in self.txs.items() if tx.state not in FINISHED}
                 after = self.log.replace([f for tx in live.values() for f in tx.frames])
@@ -104,6 +108,13 @@ class Journal:
             finally:
                 self.log.lock.release()
         return before, after
+
+    def finished(self) -> list[Tx]:
+        """The finished transactions still in the log, in the order compaction writes them
+        to the history (the order they ended in)."""
+        done = [tx for tx in self.txs.values() if tx.state in FINISHED]
+        done.sort(key=lambda tx: tx.ended_ms or tx.created_ms)
+        return done
 
     # -- finding transactions ----------------------------------------------------------------
 

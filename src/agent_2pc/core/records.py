@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         timeout_ms: NotRequired[int | None]
         boot: NotRequired[str | None]
         pid: NotRequired[int]
+        undoes: NotRequired[str]
 
     class ReadRecord(_Common):
         type: Literal["read"]
@@ -163,7 +164,8 @@ _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, Non
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
     "begin": (("label", _S_N, False, None), ("timeout_ms", _I_N, False, None),
-              ("boot", _S_N, False, None), ("pid", _I, False, None)),
+              ("boot", _S_N, False, None), ("pid", _I, False, None),
+              ("undoes", _S, False, None)),
     "read": (("path", _S, True, None), ("sha256", _S_N, False, None)),
     "stage": (("path", _S, True, None), ("op", _S, True, None), ("via", _S_N, False, None),
               ("blob", _S_N, False, None), ("size", _I, False, None),
@@ -277,9 +279,13 @@ def log_header(workspace: str, *, ts: int) -> LogHeaderRecord:
 
 
 def begin(tid: str, *, label: str | None, timeout_ms: int | None, boot: str | None,
-          pid: int) -> BeginRecord:
+          pid: int, undoes: str | None = None) -> BeginRecord:
+    """``undoes``: the transaction this one takes back (coordinator/undo.py); written only
+    then."""
     rec: BeginRecord = {"type": "begin", "tid": tid, "ts": now_ms(), "label": label,
                         "timeout_ms": timeout_ms, "boot": boot, "pid": pid}
+    if undoes is not None:
+        rec["undoes"] = undoes
     _check_built(rec)
     return rec
 

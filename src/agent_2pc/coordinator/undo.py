@@ -1,0 +1,145 @@
+"""``undo``: take back a committed transaction T as a new transaction U (docs/collaboration.md,
+"Undo and log").
+
+What T did to each path is in its history line (``changes``, answers.py): the fingerprint of
+what stood there before (``pre``) and after (``post``). What stood there before is its
+pre-image, ``preimages/<T>.<k>``, the file (or link) that T's apply replaced or deleted, kept
+by hard link (storage/blobs.py) for the retention of coordinator/compaction.py. U stages, per
+path, the inverse: the pre-image's content and mode, its link, a directory, or a delete, each
+with ``post`` as the content it was staged from. So U goes through the ordinary commit: a path
+that changed since T committed makes prepare vote no (``conflict``), and whatever the commit
+learns to do instead (a three-way merge) applies to an undo too. Before U is begun, the tree
+is compared with T's ``post``: a path that changed already is refused at once, with nothing
+written. U's own line names T (``undoes``), and U is undone like any other: undo of an undo
+redoes.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..core import records as log_records
+from ..core.confine import path_problem
+from ..core.states import COMMITTED, DIR_FINGERPRINT, Tx
+from ..errors import BadState, NotFound, Tampered, TransactionAborted, UsageError
+from ..storage.hashing import link_fingerprint, sha256_fd
+from .answers import summary
+from .gate import check_tid
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ..core.records import StageRecord
+    from ..storage.blobs import Pending
+    from .engine import Engine
+
+MODE_BITS = 0o777
+
+
+def undo(engine: Engine, tid: str) -> dict[str, Any]:
+    """Undo ``tid`` (committed) as a new transaction; its commit's answer plus ``undoes``."""
+    if not isinstance(tid, str):
+        raise UsageError("`tid` must be a string", params=("tid",))
+    check_tid(tid)
+    journal = engine.journal
+    journal.refresh()
+    found = journal.lookup(tid)  # UnknownTid
+    entry = summary(found) if isinstance(found, Tx) else found
+    if entry.get("state") != COMMITTED:
+        raise BadState(f"{tid} is {entry.get('state')}; only a committed transaction can be "
+                       "undone (it changed nothing)", tid=tid, state=entry.get("state"))
+    changes = entry.get("changes")
+    if changes is None:
+        raise NotFound(f"{tid} was moved to the history by an earlier version of agent-2pc, "
+                       "which did not keep what undo needs", tid=tid)
+    if not isinstance(changes, list) or not all(_well_formed(ch) for ch in changes):
+        raise Tampered(f"the history line of {tid} does not say what it changed in the shape "
+                       "agent-2pc writes (edited?); `agent-2pc log --verify` says where",
+                       tid=tid)
+    changed = [ch["path"] for ch in changes
+               if engine.staging.tree_fingerprint(ch["path"]) != ch["post"]]
+    if changed:
+        raise TransactionAborted(
+            f"{', '.join(changed)} changed since {tid} committed; undo would overwrite "
+            "another writer's content, so nothing was done", code="conflict", paths=changed,
+            undoes=tid)
+    plan = [_inverse(engine, tid, ch) for ch in changes]  # NotFound: a pre-image is gone
+    label = f"undo {tid}"
+    new = engine.twophase.begin(label=label, undoes=tid)["tid"]
+    try:
+        with engine.gate.active(new):
+            recs: list[StageRecord] = []
+            pending: list[Pending] = []
+            for ch, (op, source, mode, target) in zip(changes, plan, strict=True):
+                blob, size = None, 0
+                if op == "write":
+                    assert source is not None
+                    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                    try:
+                        p = engine.blobs.put_fd(fd)
+                    finally:
+                        os.close(fd)
+                    pending.append(p)
+                    blob, size = p.digest, p.size
+                    if blob != ch["pre"]:
+                        raise NotFound(f"the pre-image of {ch['path']} changed while it was "
+                                       "read", tid=tid, path=ch["path"])
+                recs.append(log_records.stage(new, path=ch["path"], op=op, via="undo",
+                                              blob=blob, size=size, mode=mode, pre=ch["post"],
+                                              target=target))
+            engine.staging.append_staged(recs, pending)
+    except BaseException:
+        engine.abort(new, f"undo of {tid} could not be staged")
+        raise
+    out = engine.commit(new)
+    out["undoes"] = tid
+    return out
+
+
+def _fingerprint(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _well_formed(ch: Any) -> bool:
+    """A change as answers.changes writes it, with a path that may be written."""
+    return (isinstance(ch, dict) and type(ch.get("k")) is int and ch["k"] >= 0
+            and isinstance(ch.get("path"), str) and path_problem(ch["path"]) is None
+            and _fingerprint(ch.get("pre")) and _fingerprint(ch.get("post")))
+
+
+def _inverse(engine: Engine, tid: str, ch: dict[str, Any]
+             ) -> tuple[str, str | None, int | None, str | None]:
+    """(op, pre-image file, mode, link target) that puts back what stood at ``ch["path"]``
+    before ``tid``. NotFound when the pre-image is no longer kept (or is not what was there)."""
+    pre, path = ch["pre"], ch["path"]
+    if pre is None:
+        return "delete", None, None, None
+    if pre == DIR_FINGERPRINT:
+        return "mkdir", None, 0o755, None
+    source = os.path.join(engine.layout.preimages, f"{tid}.{ch['k']}")
+    gone = NotFound(f"what stood at {path} before {tid} is no longer kept (pre-images are kept "
+                    "for the latest AGENT2PC_UNDO_KEEP committed transactions and for "
+                    "AGENT2PC_PREIMAGE_RETENTION_S seconds; docs/collaboration.md)",
+                    tid=tid, path=path)
+    try:
+        st = os.lstat(source)
+    except FileNotFoundError:
+        raise gone from None
+    if pre.startswith("symlink:"):
+        if not stat.S_ISLNK(st.st_mode):
+            raise gone
+        target = os.readlink(source)
+        if link_fingerprint(target) != pre:
+            raise gone
+        return "symlink", None, None, target
+    if not stat.S_ISREG(st.st_mode):
+        raise gone
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if sha256_fd(fd)[0] != pre:
+            raise gone
+    finally:
+        os.close(fd)
+    return "write", source, stat.S_IMODE(st.st_mode) & MODE_BITS, None

@@ -186,6 +186,7 @@ SCENARIOS = {
 COVERED_IN = {
     "git.after_objects": "tests/test_git_commit.py",
     "git.after_ref": "tests/test_git_commit.py",
+    "undo.after_stage": "tests/test_undo_and_log.py",
 }
 
 

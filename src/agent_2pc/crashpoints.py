@@ -34,6 +34,8 @@ POINTS: dict[str, str] = {
     "git.after_ref": "the branch is at the new commit (after the files); the user's index is "
     "not updated yet",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",
+    "undo.after_stage": "an undo transaction is staged (from what the undone one put); not "
+    "committed",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
 }
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import stat
 
+from .. import crashpoints
 from ..core import records as log_records
 from ..core.confine import path_problem
 from ..core.states import COMMITTED, DIR_FINGERPRINT, Tx
@@ -56,7 +57,7 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
                        "which did not keep what undo needs", tid=tid)
     if not isinstance(changes, list) or not all(_well_formed(ch) for ch in changes):
         raise Tampered(f"the history line of {tid} does not say what it changed in the shape "
-                       "agent-2pc writes (edited?); `agent-2pc log --verify` says where",
+                       "agent-2pc writes (edited?); verifying the log says where",
                        tid=tid)
     changed = [ch["path"] for ch in changes
                if engine.staging.tree_fingerprint(ch["path"]) != ch["post"]]
@@ -93,6 +94,7 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
     except BaseException:
         engine.abort(new, f"undo of {tid} could not be staged")
         raise
+    crashpoints.hit("undo.after_stage")
     out = engine.commit(new)
     out["undoes"] = tid
     return out

@@ -17,17 +17,17 @@ off the end are found as well (``verify``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 from .durable import fsync_fd, rename, write_all
+from .hashing import hasher, sha256_bytes
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Iterator
 
-GENESIS = hashlib.sha256(b"").hexdigest()
+GENESIS = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"  # sha256(b"")
 _TAIL_BLOCK = 64 * 1024
 
 _canon = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"),
@@ -40,7 +40,7 @@ def line_hash(entry: dict[str, Any]) -> str:
     for those, sorted keys and no whitespace are exactly RFC 8785's bytes
     (tests/test_undo_and_log.py checks against the rfc8785 package)."""
     body = {k: v for k, v in entry.items() if k != "hash"}
-    return hashlib.sha256(_canon(body).encode("utf-8")).hexdigest()
+    return sha256_bytes(_canon(body).encode("utf-8"))
 
 
 def seal(summaries: list[dict[str, Any]], prev: str) -> list[dict[str, Any]]:
@@ -94,7 +94,7 @@ def tip(fd: int, size: int, pending: set[str]) -> tuple[str, set[str]]:
     if last is not None and isinstance(last.get("hash"), str):
         return last["hash"], written
     # An unchained file (an earlier version's lines, or none): the chain starts from its bytes.
-    h = hashlib.sha256()
+    h = hasher(size)
     offset = 0
     while offset < size:
         chunk = os.pread(fd, min(1 << 20, size - offset), offset)
@@ -102,7 +102,7 @@ def tip(fd: int, size: int, pending: set[str]) -> tuple[str, set[str]]:
             break
         h.update(chunk)
         offset += len(chunk)
-    return h.hexdigest(), written
+    return str(h.hexdigest()), written
 
 
 def append(path: str, summaries: list[dict[str, Any]], head: str | None = None) -> int:
@@ -178,7 +178,7 @@ def verify(path: str, head: str | None = None) -> dict[str, int]:
     except FileNotFoundError:
         data = b""
     end = data.rfind(b"\n") + 1
-    prefix = hashlib.sha256()
+    prefix = hasher(len(data))
     prev: str | None = None
     verified = unchained = 0
     offset = 0
@@ -195,7 +195,7 @@ def verify(path: str, head: str | None = None) -> dict[str, int]:
                 raise ChainBroken(n, None, "not a JSON object (edited or damaged)")
             if not chained:
                 raise ChainBroken(n, tid, "no hash inside the chain (added or edited)")
-            want_prev = prefix.hexdigest() if prev is None else prev
+            want_prev = str(prefix.hexdigest()) if prev is None else prev
             if obj.get("prev") != want_prev:
                 raise ChainBroken(n, tid, "its prev is not the hash of the line before it "
                                   "(a line was deleted, moved or inserted before it)")

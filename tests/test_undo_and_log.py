@@ -197,7 +197,7 @@ def test_undo_and_a_commit_racing_on_one_file_end_with_exactly_one_of_them(clien
             wins["commit"] += 1
             assert undo["error"]["code"] == "conflict", undo
             assert content == f"by other {i}\n".encode()
-    assert sum(wins.values()) == 4
+    assert sum(wins.values()) == 4, wins
 
 
 def test_undo_of_a_transaction_that_never_committed_is_refused_and_changes_nothing(
@@ -271,7 +271,7 @@ def test_log_lists_finished_transactions_newest_first_with_their_fields(client, 
         assert {"tid", "label", "state", "at", "files", "hash", "prev"} <= set(e)
     # Each entry chains to the one before it (older), the first to the genesis.
     assert checked["prev"] == history.GENESIS
-    for newer, older in zip(entries, entries[1:]):
+    for newer, older in zip(entries, entries[1:], strict=False):
         assert newer["prev"] == older["hash"]
     assert client.log(limit=2)["entries"] == entries[:2]
     code, out = cli(root, "log", "--limit", "1")

@@ -54,7 +54,7 @@ def entries(journal: Journal, limit: int | None = None) -> list[dict[str, Any]]:
         if undoes and line.get("state") == "committed":
             undone_by[undoes] = line["tid"]
     for entry in out:
-        entry["undone_by"] = undone_by.get(entry["tid"])
+        entry["undone_by"] = undone_by.get(str(entry["tid"]))
     out.reverse()
     return out[:limit] if limit is not None else out
 

@@ -70,6 +70,23 @@ def test_undo_restores_content_and_mode_of_modified_created_and_deleted_files(cl
     assert not os.path.exists(f"{root}/sub")  # emptied by the delete, removed as git does
 
 
+def test_undo_restores_a_mode_links_and_directories(client, root):
+    write(root, "x.sh", "run\n", mode=0o644)
+    os.symlink("x.sh", os.path.join(root, "ln"))
+    with client.transaction() as chmod:
+        chmod.stage_write("x.sh", "run\n", mode=0o755)  # the mode only
+    assert client.undo(chmod.tid)["files"] == ["x.sh"] and mode(root, "x.sh") == 0o644
+    tx = client.begin()
+    tx.exec(["sh", "-c", "ln -s elsewhere ln2 && mkdir d && rm ln"])
+    tx.commit()
+    undo = client.undo(tx.tid)
+    assert os.readlink(os.path.join(root, "ln")) == "x.sh"
+    assert not os.path.lexists(os.path.join(root, "ln2")) and not os.path.exists(f"{root}/d")
+    client.undo(undo["tid"])
+    assert os.readlink(os.path.join(root, "ln2")) == "elsewhere" and os.path.isdir(f"{root}/d")
+    assert not os.path.lexists(os.path.join(root, "ln"))
+
+
 def test_undo_of_an_undo_redoes(client, root):
     tid = three_kinds(client, root)
     after = tree(root)

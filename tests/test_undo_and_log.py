@@ -236,6 +236,17 @@ def test_undo_of_a_transaction_that_never_committed_is_refused_and_changes_nothi
     assert snapshot() == before
 
 
+def test_undo_refuses_a_history_line_whose_changes_were_forged(client, root, snapshot):
+    tid = three_kinds(client, root)
+    client.compact()
+    path = _history(root)
+    path.write_bytes(path.read_bytes().replace(b'"path":"mod.sh"', b'"path":"../mod.sh"'))
+    before = snapshot()
+    code, out = cli(root, "undo", "--tid", tid)
+    assert code == 1 and out["error"]["code"] == "tampered", out
+    assert snapshot() == before
+
+
 def test_undo_past_the_pre_image_retention_is_not_found(client, root, monkeypatch):
     from agent_2pc.coordinator import compaction
 

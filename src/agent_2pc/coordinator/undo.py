@@ -37,6 +37,9 @@ if TYPE_CHECKING:
     from .engine import Engine
 
 MODE_BITS = 0o777
+# The undo transaction commits right after it is staged; one that a killed process left active
+# is aborted (timeout) by the next command that finds it past this.
+UNDO_TIMEOUT_MS = 10 * 60 * 1000
 
 
 def undo(engine: Engine, tid: str) -> dict[str, Any]:
@@ -68,7 +71,7 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
             undoes=tid)
     plan = [_inverse(engine, tid, ch) for ch in changes]  # NotFound: a pre-image is gone
     label = f"undo {tid}"
-    new = engine.twophase.begin(label=label, undoes=tid)["tid"]
+    new = engine.twophase.begin(UNDO_TIMEOUT_MS, label=label, undoes=tid)["tid"]
     try:
         with engine.gate.active(new):
             recs: list[StageRecord] = []

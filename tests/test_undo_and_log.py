@@ -91,6 +91,9 @@ def test_undo_of_an_undo_redoes(client, root):
     tid = three_kinds(client, root)
     after = tree(root)
     first = client.undo(tid)
+    with pytest.raises(TransactionAborted) as exc:
+        client.undo(tid)  # twice: its files are no longer as it left them
+    assert exc.value.code == "conflict" and f"undone already, by {first['tid']}" in str(exc.value)
     second = client.undo(first["tid"])
     assert second["undoes"] == first["tid"]
     assert tree(root) == after

@@ -65,10 +65,12 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
     changed = [ch["path"] for ch in changes
                if engine.staging.tree_fingerprint(ch["path"]) != ch["post"]]
     if changed:
+        by = _undone_by(engine, tid)
         raise TransactionAborted(
-            f"{', '.join(changed)} changed since {tid} committed; undo would overwrite "
-            "another writer's content, so nothing was done", code="conflict", paths=changed,
-            undoes=tid)
+            f"{', '.join(changed)} changed since {tid} committed"
+            + (f" (it was undone already, by {by})" if by else "")
+            + "; undo would overwrite another writer's content, so nothing was done",
+            code="conflict", paths=changed, undoes=tid)
     plan = [_inverse(engine, tid, ch) for ch in changes]  # NotFound: a pre-image is gone
     label = f"undo {tid}"
     new = engine.twophase.begin(UNDO_TIMEOUT_MS, label=label, undoes=tid)["tid"]
@@ -101,6 +103,16 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
     out = engine.commit(new)
     out["undoes"] = tid
     return out
+
+
+def _undone_by(engine: Engine, tid: str) -> str | None:
+    """The committed undo of ``tid``, if any (read on a refusal only: it reads the history)."""
+    from .history_log import entries
+
+    for entry in entries(engine.journal):
+        if entry["tid"] == tid:
+            return entry.get("undone_by")
+    return None
 
 
 def _fingerprint(value: Any) -> bool:

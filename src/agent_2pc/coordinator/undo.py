@@ -24,7 +24,7 @@ from ..core import records as log_records
 from ..core.confine import path_problem
 from ..core.states import COMMITTED, DIR_FINGERPRINT, Tx
 from ..errors import BadState, NotFound, Tampered, TransactionAborted, UsageError
-from ..storage.hashing import link_fingerprint, sha256_fd
+from ..storage.hashing import link_fingerprint
 from .answers import summary
 from .gate import check_tid
 
@@ -71,32 +71,43 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
             + (f" (it was undone already, by {by})" if by else "")
             + "; undo would overwrite another writer's content, so nothing was done",
             code="conflict", paths=changed, undoes=tid)
-    plan = [_inverse(engine, tid, ch) for ch in changes]  # NotFound: a pre-image is gone
-    label = f"undo {tid}"
-    new = engine.twophase.begin(UNDO_TIMEOUT_MS, label=label, undoes=tid)["tid"]
+    # The pre-images are read into blobs before anything is logged: one that is gone or not
+    # what stood there (NotFound) stops the undo before it is begun.
+    plan: list[tuple[str, Pending | None, int | None, str | None]] = []
+    try:
+        for ch in changes:
+            op, source, mode, target = _inverse(engine, tid, ch)
+            blob = None
+            if source is not None:
+                fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    blob = engine.blobs.put_fd(fd)
+                finally:
+                    os.close(fd)
+                plan.append((op, blob, mode, target))
+                if blob.digest != ch["pre"]:
+                    raise _gone(tid, ch["path"])
+            else:
+                plan.append((op, None, mode, target))
+    except BaseException:
+        for _, blob, _, _ in plan:
+            if blob is not None:
+                blob.discard()
+        raise
+    pending = [blob for _, blob, _, _ in plan if blob is not None]
+    new = engine.twophase.begin(UNDO_TIMEOUT_MS, label=f"undo {tid}", undoes=tid)["tid"]
     try:
         with engine.gate.active(new):
-            recs: list[StageRecord] = []
-            pending: list[Pending] = []
-            for ch, (op, source, mode, target) in zip(changes, plan, strict=True):
-                blob, size = None, 0
-                if op == "write":
-                    assert source is not None
-                    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                    try:
-                        p = engine.blobs.put_fd(fd)
-                    finally:
-                        os.close(fd)
-                    pending.append(p)
-                    blob, size = p.digest, p.size
-                    if blob != ch["pre"]:
-                        raise NotFound(f"the pre-image of {ch['path']} changed while it was "
-                                       "read", tid=tid, path=ch["path"])
-                recs.append(log_records.stage(new, path=ch["path"], op=op, via="undo",
-                                              blob=blob, size=size, mode=mode, pre=ch["post"],
-                                              target=target))
+            recs: list[StageRecord] = [
+                log_records.stage(new, path=ch["path"], op=op, via="undo",
+                                  blob=blob.digest if blob else None,
+                                  size=blob.size if blob else 0, mode=mode, pre=ch["post"],
+                                  target=target)
+                for ch, (op, blob, mode, target) in zip(changes, plan, strict=True)]
             engine.staging.append_staged(recs, pending)
     except BaseException:
+        for blob in pending:
+            blob.discard()
         engine.abort(new, f"undo of {tid} could not be staged")
         raise
     crashpoints.hit("undo.after_stage")
@@ -126,20 +137,25 @@ def _well_formed(ch: Any) -> bool:
             and _fingerprint(ch.get("pre")) and _fingerprint(ch.get("post")))
 
 
+def _gone(tid: str, path: str) -> NotFound:
+    return NotFound(f"what stood at {path} before {tid} is no longer kept (pre-images are kept "
+                    "for the latest AGENT2PC_UNDO_KEEP committed transactions and for "
+                    "AGENT2PC_PREIMAGE_RETENTION_S seconds; docs/collaboration.md)",
+                    tid=tid, path=path)
+
+
 def _inverse(engine: Engine, tid: str, ch: dict[str, Any]
              ) -> tuple[str, str | None, int | None, str | None]:
     """(op, pre-image file, mode, link target) that puts back what stood at ``ch["path"]``
-    before ``tid``. NotFound when the pre-image is no longer kept (or is not what was there)."""
+    before ``tid``. NotFound when the pre-image is no longer kept (or is not a file or link
+    that was there; a file's content is checked as it is read into a blob)."""
     pre, path = ch["pre"], ch["path"]
     if pre is None:
         return "delete", None, None, None
     if pre == DIR_FINGERPRINT:
         return "mkdir", None, 0o755, None
     source = os.path.join(engine.layout.preimages, f"{tid}.{ch['k']}")
-    gone = NotFound(f"what stood at {path} before {tid} is no longer kept (pre-images are kept "
-                    "for the latest AGENT2PC_UNDO_KEEP committed transactions and for "
-                    "AGENT2PC_PREIMAGE_RETENTION_S seconds; docs/collaboration.md)",
-                    tid=tid, path=path)
+    gone = _gone(tid, path)
     try:
         st = os.lstat(source)
     except FileNotFoundError:
@@ -153,10 +169,4 @@ def _inverse(engine: Engine, tid: str, ch: dict[str, Any]
         return "symlink", None, None, target
     if not stat.S_ISREG(st.st_mode):
         raise gone
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        if sha256_fd(fd)[0] != pre:
-            raise gone
-    finally:
-        os.close(fd)
     return "write", source, stat.S_IMODE(st.st_mode) & MODE_BITS, None

@@ -71,29 +71,7 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
             + (f" (it was undone already, by {by})" if by else "")
             + "; undo would overwrite another writer's content, so nothing was done",
             code="conflict", paths=changed, undoes=tid)
-    # The pre-images are read into blobs before anything is logged: one that is gone or not
-    # what stood there (NotFound) stops the undo before it is begun.
-    plan: list[tuple[str, Pending | None, int | None, str | None]] = []
-    try:
-        for ch in changes:
-            op, source, mode, target = _inverse(engine, tid, ch)
-            blob = None
-            if source is not None:
-                fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-                try:
-                    blob = engine.blobs.put_fd(fd)
-                finally:
-                    os.close(fd)
-                plan.append((op, blob, mode, target))
-                if blob.digest != ch["pre"]:
-                    raise _gone(tid, ch["path"])
-            else:
-                plan.append((op, None, mode, target))
-    except BaseException:
-        for _, blob, _, _ in plan:
-            if blob is not None:
-                blob.discard()
-        raise
+    plan = _read_pre_images(engine, tid, changes)  # NotFound: one is gone
     pending = [blob for _, blob, _, _ in plan if blob is not None]
     new = engine.twophase.begin(UNDO_TIMEOUT_MS, label=f"undo {tid}", undoes=tid)["tid"]
     try:
@@ -114,6 +92,33 @@ def undo(engine: Engine, tid: str) -> dict[str, Any]:
     out = engine.commit(new)
     out["undoes"] = tid
     return out
+
+
+def _read_pre_images(engine: Engine, tid: str, changes: list[dict[str, Any]]
+                     ) -> list[tuple[str, Pending | None, int | None, str | None]]:
+    """(op, blob, mode, link target) per change, the pre-images read into blobs before
+    anything is logged: one that is gone or not what stood there (NotFound) stops the undo
+    before it is begun."""
+    plan: list[tuple[str, Pending | None, int | None, str | None]] = []
+    try:
+        for ch in changes:
+            op, source, mode, target = _inverse(engine, tid, ch)
+            blob = None
+            if source is not None:
+                fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                try:
+                    blob = engine.blobs.put_fd(fd)
+                finally:
+                    os.close(fd)
+            plan.append((op, blob, mode, target))
+            if blob is not None and blob.digest != ch["pre"]:
+                raise _gone(tid, ch["path"])
+    except BaseException:
+        for _, blob, _, _ in plan:
+            if blob is not None:
+                blob.discard()
+        raise
+    return plan
 
 
 def _undone_by(engine: Engine, tid: str) -> str | None:

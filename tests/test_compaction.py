@@ -63,6 +63,7 @@ def test_garbage_collection_keeps_blobs_of_live_transactions(tmp_path, monkeypat
     live.stage_write("pending.txt", "still needed\n")
     monkeypatch.setattr(compaction_mod, "BLOB_GRACE_S", 0.0)
     monkeypatch.setattr(compaction_mod, "PREIMAGE_RETENTION_S", 0.0)
+    monkeypatch.setattr(compaction_mod, "UNDO_KEEP", 0)  # undo's pre-images: none kept
     out = client.compact()
     # The aborted transaction's blob, and the committed one's base ("before\n", kept by
     # staging for a merge at commit).

@@ -192,6 +192,7 @@ COVERED_IN = {
     "sql.after_gid_logged": "tests/test_postgres_sql.py",
     "sql.after_prepare": "tests/test_postgres_sql.py",
     "sql.after_commit_prepared": "tests/test_postgres_sql.py",
+    "undo.after_stage": "tests/test_undo_and_log.py",
 }
 
 

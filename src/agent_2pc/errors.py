@@ -35,7 +35,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   |-- InFlight                      in_flight        (hook check: transactions are live)
-    |   |-- Tampered                      tampered         (a bundle that fails its hash)
+    |   |-- Tampered                      tampered         (a bundle or a history line that fails its hash)
     |   |-- MergeConflict                 merge_conflict   (overlapping edits; markers written)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease
@@ -261,8 +261,8 @@ class InFlight(Refusal):
 
 
 class Tampered(Refusal):
-    """A bundle whose bytes fail their hash (a blob's sha256, the seal, the gzip CRC): it was
-    altered after it was made. Nothing was imported."""
+    """A history line (or a bundle) fails its hash: it was edited, deleted, moved or damaged
+    after it was written. ``details`` name where (``line``, ``tid``)."""
 
     code = "tampered"
 class MergeConflict(Refusal):

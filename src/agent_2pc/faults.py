@@ -42,7 +42,11 @@ SITES: dict[str, str] = {
     "log.replace:rename": "compaction renames the new log over the old one",
     "log.replace:fsync_dir": "compaction syncs .agent-tx/ after the rename",
     "history.append:write": "compaction appends finished transactions to history.jsonl",
-    "history.append:fsync": "compaction syncs history.jsonl",
+    "history.append:fsync": "compaction syncs history.jsonl (also after cutting a torn line)",
+    "history._write_head:write": "compaction writes history.head (temp file)",
+    "history._write_head:rename": "compaction renames history.head into place",
+    "journal.move_finished_to_history:fsync_dir": "compaction syncs preimages/ before the "
+                                                 "history names them (undo)",
     "blobs.write:write": "staging writes a blob (temp file)",
     "blobs.write:rename": "staging renames a blob into objects/",
     "blobs.put_fd:write": "staging streams a blob (from a file, stdin, exec's capture)",

@@ -24,7 +24,7 @@ CONTRACT_TOOLS = {
     "agent_2pc_overlay_exec", "agent_2pc_diff", "agent_2pc_savepoint", "agent_2pc_rollback_to",
     "agent_2pc_status", "agent_2pc_commit", "agent_2pc_abort", "agent_2pc_compact",
     "agent_2pc_hook_check", "agent_2pc_git_commit", "agent_2pc_export", "agent_2pc_import",
-    "agent_2pc_stage_sql", "agent_2pc_daemon_status",
+    "agent_2pc_stage_sql", "agent_2pc_daemon_status", "agent_2pc_undo",
     "fence_prepare", "fence_commit", "fence_abort", "fence_heartbeat", "fence_reconcile",
     "fence_status",
 }
@@ -268,7 +268,8 @@ def test_every_tool_has_typed_inputs_a_precise_output_schema_and_honest_annotati
         assert len(out["anyOf"]) >= 2, name
     read_only = {n for n, t in tools.items() if t.annotations.read_only_hint}
     assert read_only == {"agent_2pc_diff", "agent_2pc_status", "agent_2pc_overlay_exec",
-                         "agent_2pc_hook_check", "agent_2pc_daemon_status", "fence_status"}
+                         "agent_2pc_hook_check", "agent_2pc_daemon_status", "agent_2pc_log",
+                         "fence_status"}
     for name in ("agent_2pc_commit", "agent_2pc_abort"):
         assert tools[name].annotations.idempotent_hint is True
         assert tools[name].annotations.destructive_hint is True

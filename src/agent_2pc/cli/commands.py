@@ -288,6 +288,42 @@ def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().compact()
 
 
+def run_undo(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().undo(args["tid"])
+
+
+def text_undo(r: dict[str, Any]) -> str:
+    return text_outcome(r) + f" (undoes {r['undoes']})"
+
+
+def run_log(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().log(limit=args["limit"], verify=args["verify"])
+
+
+def text_log(r: dict[str, Any]) -> str:
+    if "verified" in r:
+        return (f"verified: {r['verified']} chained line(s)"
+                + (f", {r['unchained']} older line(s) without hashes covered by the first"
+                   if r["unchained"] else ""))
+    lines = []
+    for e in r["entries"]:
+        head = f"{e['tid']} {e['state']} {e['at'] or ''} {e.get('label') or ''}".rstrip()
+        lines.append(head)
+        if e.get("files"):
+            lines.append("  files: " + ", ".join(e["files"]))
+        if e.get("checks"):
+            lines.append("  checks passed: " + ", ".join(
+                c if isinstance(c, str) else " ".join(map(str, c)) for c in e["checks"]))
+        if e.get("reason"):
+            lines.append(f"  {e.get('code')}: {e['reason']}")
+        if e.get("undoes"):
+            lines.append(f"  undoes {e['undoes']}")
+        if e.get("undone_by"):
+            lines.append(f"  undone by {e['undone_by']}")
+        lines.append(f"  hash {(e['hash'] or '')[:16]}")
+    return "\n".join(lines) or "no finished transactions"
+
+
 def run_batch(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     from ..core.jsonin import JSON_BYTES_MAX
     from .inputs import read_input
@@ -549,6 +585,12 @@ COMMANDS: tuple[Command, ...] = (
     Command("compact", "move finished transactions out of the log; collect garbage",
             run_compact, extra={"text": lambda r: f"log: {r['before_bytes']} -> "
                                 f"{r['after_bytes']} bytes"}),
+    Command("undo", "take back a committed transaction as a new one (exit 1 if a file "
+            "changed since)", run_undo, (TID,), extra={"text": text_undo}),
+    Command("log", "finished transactions, newest first, chained by SHA-256", run_log, (
+        Opt("--limit", type=int_arg, metavar="N", help="the N newest only"),
+        Opt("--verify", FLAG, help="check the whole chain (exit 1, tampered, naming the first "
+            "line that fails)")), extra={"text": text_log}),
     Command("run-batch", "run a JSON manifest of steps as one transaction", run_batch, (
         Opt("--file", required=True, metavar="F", help="the manifest (- for stdin)"),),
         extra={"text": text_batch}),

@@ -3,8 +3,9 @@ the history line of a finished one (pure: no I/O)."""
 
 from __future__ import annotations
 
-from ..core.states import COMMITTED, Tx, effects_summary, iso_ms
+from ..core.states import COMMITTED, DIR_FINGERPRINT, Tx, effects_summary, iso_ms
 from ..errors import BadState
+from ..storage.hashing import link_fingerprint
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,6 +65,41 @@ def summary(tx: Tx) -> dict[str, Any]:
     out.update({"ended_at": iso_ms(tx.ended_ms) if tx.ended_ms else None, "files": tx.files,
                 "code": tx.code, "reason": tx.reason})
     out.update(outcome_details(tx))
+    checks = [rec.get("command") for rec in tx.checks.values() if rec.get("passed")]
+    if checks:
+        out["checks"] = checks
+    if tx.undoes:
+        out["undoes"] = tx.undoes
+    if tx.state == COMMITTED:
+        out["changes"] = changes(tx)
+    return out
+
+
+def changes(tx: Tx) -> list[dict[str, Any]]:
+    """What a committed transaction did to each path, for ``undo`` (coordinator/undo.py):
+    ``k`` (its pre-image is ``preimages/<tid>.<k>``), the path, the op, the fingerprints of what
+    stood there before (``pre``) and after (``post``; None: nothing), and the mode it put.
+    Paths the apply found changed by someone else (``diverged``) were not touched: left out."""
+    modes = tx.decision_fields.get("modes") or {}
+    diverged = set(tx.diverged)
+    out = []
+    for k, op in enumerate(tx.changes()):
+        if op.path in diverged:
+            continue
+        post: str | None
+        mode: int | None = None
+        if op.op == "write":
+            post = op.blob
+            mode = modes.get(str(k), modes.get(k, op.mode if op.mode is not None else 0o644))
+        elif op.op == "symlink":
+            assert op.target is not None
+            post = link_fingerprint(op.target)
+        elif op.op == "mkdir":
+            post, mode = DIR_FINGERPRINT, op.mode if op.mode is not None else 0o755
+        else:
+            post = None
+        out.append({"k": k, "path": op.path, "op": op.op, "pre": op.pre, "post": post,
+                    "mode": mode})
     return out
 
 

@@ -135,6 +135,22 @@ class Agent2PC:
     def transactions(self, state: str | None = None) -> list[dict[str, Any]]:
         return self.engine.transactions(state)
 
+    def undo(self, tid: str) -> dict[str, Any]:
+        """Take back the committed transaction ``tid`` as a new transaction: each file it
+        touched gets back its content and mode from before it (files it created are deleted).
+        Answers as commit does, plus ``undoes``. A file changed since ``tid`` committed:
+        TransactionAborted (``conflict``), nothing changed; ``tid`` not committed: UnknownTid
+        or BadState; what stood there before no longer kept: NotFound."""
+        return self.engine.undo(tid)
+
+    def log(self, limit: int | None = None, verify: bool = False) -> dict[str, Any]:
+        """``{entries}``: finished transactions, newest first, each with ``hash`` and
+        ``prev`` (the SHA-256 chain of the history). ``verify``: ``{verified, unchained}``
+        after checking the whole chain, or Tampered naming the first line that fails."""
+        if verify:
+            return self.engine.verify_log()
+        return {"entries": self.engine.log_entries(limit)}
+
     def status(self, tid: str | None = None) -> dict[str, Any]:
         return self.engine.status(tid)
 

@@ -20,9 +20,12 @@ if TYPE_CHECKING:
 # transactions in the history as in a new workspace.
 COMPACT_FINISHED_MAX = 64
 COMPACT_BYTES_MAX = 1 << 20
-# Garbage: blobs unnamed by live transactions after an hour; pre-images after a day.
+# Garbage: blobs unnamed by live transactions after an hour. Pre-images are what `undo` needs
+# (coordinator/undo.py): kept for a week, and those of the latest 100 committed transactions
+# however old (docs/collaboration.md, "Undo and log").
 BLOB_GRACE_S = float(os.environ.get("AGENT2PC_BLOB_GRACE_S", 3600))
-PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 24 * 3600))
+PREIMAGE_RETENTION_S = float(os.environ.get("AGENT2PC_PREIMAGE_RETENTION_S", 7 * 24 * 3600))
+UNDO_KEEP = int(os.environ.get("AGENT2PC_UNDO_KEEP", 100))
 GC_INTERVAL_S = 3600.0
 
 
@@ -72,8 +75,10 @@ class Compaction:
                     os.rename(entry.path, os.path.join(bin_dir, entry.name))
                     blobs += 1
         preimages = 0
+        latest = self.latest_committed(UNDO_KEEP)
         for entry in os.scandir(layout.preimages):
-            if self.journal.live(entry.name.partition(".")[0]):  # preimages/<tid>.<k>
+            tid = entry.name.partition(".")[0]  # preimages/<tid>.<k>
+            if tid in latest or self.journal.live(tid):
                 continue
             if now_s - entry.stat().st_ctime >= PREIMAGE_RETENTION_S:
                 os.rename(entry.path, os.path.join(bin_dir, "pre-" + entry.name))
@@ -86,6 +91,13 @@ class Compaction:
         with open(layout.gc_stamp, "w"):
             pass
         return {"blobs_collected": blobs, "preimages_collected": preimages}
+
+    def latest_committed(self, n: int) -> set[str]:
+        """The tids of the ``n`` latest committed transactions (log and history)."""
+        if n <= 0:
+            return set()
+        rows = self.journal.transactions("committed")
+        return {row["tid"] for row in rows[-n:]}
 
     def _gc_due(self) -> bool:
         try:

@@ -147,6 +147,23 @@ class Engine:
         self.compaction.maybe_compact()
         return self.recovery.report(views_removed)
 
+    def undo(self, tid: str) -> dict[str, Any]:
+        """Take back a committed transaction as a new one (undo.py)."""
+        from .undo import undo
+
+        return undo(self, tid)
+
+    def log_entries(self, limit: int | None = None) -> list[dict[str, Any]]:
+        """Finished transactions, newest first, with their chain hashes (history_log.py)."""
+        from .history_log import entries
+
+        return entries(self.journal, limit)
+
+    def verify_log(self) -> dict[str, Any]:
+        from .history_log import verify
+
+        return verify(self.journal)
+
     def compact(self, gc: bool = True) -> dict[str, Any]:
         return self.compaction.compact(gc)
 

@@ -16,9 +16,10 @@ from _thread import RLock
 
 from .. import crashpoints
 from ..core import confine, records
-from ..core.states import FINISHED, IllegalTransition, Tx, apply_record
+from ..core.states import COMMITTED, FINISHED, IllegalTransition, Tx, apply_record
 from ..errors import CorruptWal, UnknownTid
 from ..storage import history
+from ..storage.durable import fsync_dir
 from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log, PausedGc
 from ..storage.workspace import log_check
@@ -53,6 +54,7 @@ class Journal:
         self.txs: dict[str, Tx] = {}
         self._mutex = RLock()
         self._tx_locks: dict[str, FileLock] = {}
+        self._ends: dict[str, int] = {}  # finished tid -> its place in the log's end records
 
     def close(self) -> None:
         self.log.close()
@@ -62,10 +64,13 @@ class Journal:
     def _absorb(self, batch: Batch) -> None:
         if batch.reset:
             self.txs = {}
+            self._ends = {}
         txs = self.txs
         for rec, frame in zip(batch.records, batch.frames, strict=True):
             try:
-                apply_record(txs, rec, frame)
+                tx = apply_record(txs, rec, frame)
+                if tx.state in FINISHED and tx.tid not in self._ends:
+                    self._ends[tx.tid] = len(self._ends)  # the order of the end records
             except (IllegalTransition, records.BadRecord) as exc:
                 # Corruption; any other exception of the fold is a bug, raised as it is.
                 offset = self.log.offset_of(frame)
@@ -95,15 +100,28 @@ class Journal:
             try:
                 self.refresh()
                 before = self.log.size()
-                finished = [tx for tx in self.txs.values() if tx.state in FINISHED]
-                history.append(self.layout.history, [summary(tx) for tx in finished])
+                finished = self.finished()
+                if any(tx.state == COMMITTED for tx in finished):
+                    fsync_dir(self.layout.preimages)  # what undo needs, named by history
+                history.append(self.layout.history, [summary(tx) for tx in finished],
+                               self.layout.history_head)
                 crashpoints.hit("compact.after_history")
                 live = {tid: tx for tid, tx in self.txs.items() if tx.state not in FINISHED}
                 after = self.log.replace([f for tx in live.values() for f in tx.frames])
                 self.txs = live  # the new log is exactly these: nothing to read back
+                self._ends = {}
             finally:
                 self.log.lock.release()
         return before, after
+
+    def finished(self) -> list[Tx]:
+        """The finished transactions still in the log, in the order compaction writes them
+        to the history: the order of their end records in the log (the same in every process
+        that reads it)."""
+        ends = self._ends
+        done = [tx for tx in self.txs.values() if tx.state in FINISHED]
+        done.sort(key=lambda tx: ends.get(tx.tid, len(ends)))
+        return done
 
     # -- finding transactions ----------------------------------------------------------------
 

@@ -42,7 +42,8 @@ class TwoPhase:
 
     # -- begin -------------------------------------------------------------------------------
 
-    def begin(self, timeout_ms: int | None = None, label: str | None = None) -> dict[str, Any]:
+    def begin(self, timeout_ms: int | None = None, label: str | None = None,
+              undoes: str | None = None) -> dict[str, Any]:
         if timeout_ms is None:
             timeout_ms = DEFAULT_TIMEOUT_MS
         if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or not (
@@ -55,7 +56,8 @@ class TwoPhase:
                              params=("label",))
         tid = tid_of_new_transaction(self.journal.txs)
         self.journal.append([records.begin(tid, label=label, timeout_ms=timeout_ms or None,
-                                        boot=self.journal.boot, pid=os.getpid())])
+                                        boot=self.journal.boot, pid=os.getpid(),
+                                        undoes=undoes)])
         return {"tid": tid}
 
     # -- commit ------------------------------------------------------------------------------

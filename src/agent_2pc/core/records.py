@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         boot: NotRequired[str | None]
         pid: NotRequired[int]
         origin: NotRequired[dict[str, Any]]  # an imported bundle's (coordinator/bundles.py)
+        undoes: NotRequired[str]
 
     class ReadRecord(_Common):
         type: Literal["read"]
@@ -171,7 +172,8 @@ SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
     "begin": (("label", _S_N, False, None), ("timeout_ms", _I_N, False, None),
               ("boot", _S_N, False, None), ("pid", _I, False, None),
-              ("origin", _D, False, None)),
+              ("origin", _D, False, None),
+              ("undoes", _S, False, None)),
     "read": (("path", _S, True, None), ("sha256", _S_N, False, None)),
     "stage": (("path", _S, True, None), ("op", _S, True, None), ("via", _S_N, False, None),
               ("blob", _S_N, False, None), ("size", _I, False, None),
@@ -285,12 +287,16 @@ def log_header(workspace: str, *, ts: int) -> LogHeaderRecord:
 
 
 def begin(tid: str, *, label: str | None, timeout_ms: int | None, boot: str | None,
-          pid: int, origin: dict[str, Any] | None = None) -> BeginRecord:
-    """``origin`` is written for a transaction imported from a bundle only."""
+          pid: int, origin: dict[str, Any] | None = None, undoes: str | None = None
+          ) -> BeginRecord:
+    """``origin`` is written for a transaction imported from a bundle only; ``undoes``: the
+    transaction this one takes back (coordinator/undo.py), written only then."""
     rec: BeginRecord = {"type": "begin", "tid": tid, "ts": now_ms(), "label": label,
                         "timeout_ms": timeout_ms, "boot": boot, "pid": pid}
     if origin is not None:
         rec["origin"] = origin
+    if undoes is not None:
+        rec["undoes"] = undoes
     _check_built(rec)
     return rec
 

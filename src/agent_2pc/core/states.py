@@ -2,7 +2,7 @@
 
 Records (the payloads of log frames; docs/format.md lists every field)::
 
-    begin     {tid, ts, label, timeout_ms, boot, pid}              -> active
+    begin     {tid, ts, label, timeout_ms, boot, pid[, undoes]}    -> active
     read      {tid, ts, path, sha256}                               active
     stage     {tid, ts, path, op, via, blob, size, mode, pre[, target]}  active
     effect    {tid, ts, n, kind, request, key, compensate}          active
@@ -126,7 +126,8 @@ class Tx:
     __slots__ = ("tid", "state", "label", "created_ms", "timeout_ms", "boot", "ops", "reads",
                  "effects", "results", "checks", "savepoints", "outcome", "code", "reason",
                  "decision_fields", "prepared", "files",
-                 "diverged", "uncompensated", "ended_ms", "frames", "origin")
+                 "diverged", "uncompensated", "ended_ms", "frames", "origin",
+                 "undoes")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
                  timeout_ms: int | None, boot: str | None) -> None:
@@ -154,6 +155,7 @@ class Tx:
         self.ended_ms: int | None = None
         self.frames: list[bytes | memoryview] = []  # its records' frames (for compaction)
         self.origin: dict[str, Any] | None = None  # where an imported transaction came from
+        self.undoes: str | None = None  # the transaction this one takes back (undo)
 
     @property
     def deadline_ms(self) -> int | None:
@@ -229,6 +231,7 @@ def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryv
         tx = Tx(tid=tid, state=after, label=rec.get("label"), created_ms=rec["ts"],
                 timeout_ms=rec.get("timeout_ms"), boot=rec.get("boot"))
         tx.origin = rec.get("origin")
+        tx.undoes = rec.get("undoes")
         txs[tid] = tx
     else:
         assert tx is not None

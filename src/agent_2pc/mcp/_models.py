@@ -473,6 +473,27 @@ class AbortOut(Out):
     uncompensated: list[int] | None = None
 
 
+class UndoOut(CommitOut):
+    undoes: str = Field(description="The transaction this new one takes back.")
+
+
+class LogIn(In):
+    limit: int | None = Field(None, ge=1, le=1_000_000, description=(
+        "Only the N newest entries (default: all)."))
+    verify: bool = Field(False, description=(
+        "Check the whole SHA-256 chain of the history instead of listing it."))
+
+
+class LogOut(Out):
+    entries: list[dict[str, Any]] | None = Field(None, description=(
+        "Finished transactions, newest first: {tid, label, state, at, created_at, files, "
+        "checks, code, reason, undoes, undone_by, hash, prev}."))
+    verified: int | None = Field(None, description="With verify: chained lines checked.")
+    unchained: int | None = Field(None, description=(
+        "With verify: lines an earlier version wrote without hashes (covered by the first "
+        "chained line's prev)."))
+
+
 class CompactOut(Out):
     before_bytes: int
     after_bytes: int

@@ -481,6 +481,28 @@ TOOLS: tuple[ToolSpec, ...] = (
         lambda rt, a: rt.tx(a.tid).abort(a.reason),
         ann(destructive=True, idempotent=True)),
     ToolSpec(
+        "agent_2pc_undo", "Undo a committed transaction",
+        "Take back a committed transaction (tid) as a new transaction: every file it changed "
+        "gets back its content and mode from before it, files it created are deleted, files it "
+        "deleted come back. Returns {tid (the new one), undoes, state: \"committed\", files}. "
+        "Undoing an undo redoes. A no is ok:false, code conflict: a file changed since that "
+        "transaction committed (nothing was changed; look at agent_2pc_log and the files). "
+        "Errors: bad_state (it was not committed), unknown_tid, not_found (what stood there "
+        "before is no longer kept: pre-images are kept for the latest 100 commits or a week).",
+        m.TidIn, (m.UndoOut,),
+        lambda rt, a: rt.client().undo(a.tid),
+        ann(destructive=True)),
+    ToolSpec(
+        "agent_2pc_log", "Show the history of transactions",
+        "Finished transactions, newest first: {entries: [{tid, label, state, at, files, checks, "
+        "code, reason, undoes, undone_by, hash, prev}]}; each entry is chained to the one "
+        "before by SHA-256. verify: true checks the whole chain and returns {verified, "
+        "unchained}; ok:false code tampered names the first history line that was edited, "
+        "deleted or moved.",
+        m.LogIn, (m.LogOut,),
+        lambda rt, a: rt.client().log(limit=a.limit, verify=a.verify),
+        READ_ONLY),
+    ToolSpec(
         "agent_2pc_compact", "Compact the log",
         "Housekeeping: move finished transactions out of the write-ahead log and collect "
         "garbage. Returns {before_bytes, after_bytes, blobs_collected, preimages_collected}. "

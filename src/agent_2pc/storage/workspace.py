@@ -16,6 +16,7 @@ Layout (docs/format.md has the details)::
                        a process works on that transaction (tells liveness)
       tx/<tid>/        per-transaction scratch, for steps that need one
       history.jsonl    one line per finished transaction, moved out of the log by compaction
+      history.head     where history.jsonl's hash chain ended after the latest compaction
       trash/           what is being deleted in the background
 
 Which workspaces are trusted. The log is a list of changes to apply to the tree, so a
@@ -65,6 +66,7 @@ class Layout:
         self.preimages = os.path.join(self.dir, "preimages")
         self.tx = os.path.join(self.dir, "tx")
         self.history = os.path.join(self.dir, "history.jsonl")
+        self.history_head = os.path.join(self.dir, "history.head")
         self.trash = os.path.join(self.dir, "trash")
         self.gc_stamp = os.path.join(self.dir, "gc.stamp")
 

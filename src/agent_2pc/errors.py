@@ -35,7 +35,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |                                 limit_exceeded (a command failed; tx stays active)
     |   |-- Busy                          busy             (a lock wait ran out of time)
     |   |-- InFlight                      in_flight        (hook check: transactions are live)
-    |   |-- Tampered                      tampered         (a bundle or a history line that fails its hash)
+    |   |-- Tampered                      tampered         (a bundle, a history line: bad hash)
     |   |-- MergeConflict                 merge_conflict   (overlapping edits; markers written)
     |   `-- FenceRefusal                  intent_in_flight | intent_fenced | intent_conflict |
     |                                     read_set_stale | domain_race | stale_lease

@@ -163,6 +163,20 @@ export function toArgv(op: Operation, params: Params): { argv: string[]; input?:
   return input === undefined ? { argv } : { argv, input };
 }
 
+/** The checks the CLI's command line makes of parameters, for a transport that has none (the
+ * daemon's): text is Unicode (no lone surrogate) and what would be an argument holds no NUL. */
+export function checkParams(params: Params): void {
+  for (const [name, value] of Object.entries(params)) {
+    checkText(name, value);
+    if (STDIN_PARAMS.has(name)) continue;
+    const texts = typeof value === "string" ? [value] : Array.isArray(value) ? value : [];
+    if (texts.some((text) => text.includes("\0"))) {
+      throw new InputError({ code: "usage", exitCode: 2,
+        message: "an argument holds a NUL character, which no command line can carry" });
+    }
+  }
+}
+
 /** Text goes to agent-2pc as UTF-8, which a lone surrogate ("\uD800") is not: refused, as the
  * Python library refuses it, rather than silently sent as U+FFFD. */
 function checkText(name: string, value: ParamValue): void {

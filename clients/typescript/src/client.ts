@@ -10,6 +10,7 @@
 //   await session.commit();                           // rejects with TransactionAborted on a no
 
 import { CliTransport } from "./cli-transport.js";
+import { DaemonTransport } from "./daemon-transport.js";
 import type {
   AbortResult, CheckResult, CommitResult, CompactResult, DeleteResult, DiffResult, ExecResult,
   PatchResult, ReadResult, RecoverResult, ReplaceResult, SavepointResult, StatusResult,
@@ -26,7 +27,11 @@ export interface Agent2PCOptions {
   bin?: string;
   /** The CLI's environment (default: this process's). */
   env?: Env;
-  /** Another way to reach agent-2pc (default: a CliTransport). */
+  /** Use the workspace's daemon when one serves it (default true; false, or
+   * AGENT2PC_NO_DAEMON=1 in `env`: never, and the CLI is told the same). */
+  daemon?: boolean;
+  /** Another way to reach agent-2pc (default: a DaemonTransport that falls back to a
+   * CliTransport, or the CliTransport alone with `daemon: false`). */
   transport?: Transport;
 }
 
@@ -68,8 +73,7 @@ export class Agent2PC {
 
   constructor(options: Agent2PCOptions = {}) {
     this.root = options.root;
-    this.transport = options.transport ??
-      new CliTransport({ root: options.root, bin: options.bin, env: options.env });
+    this.transport = options.transport ?? defaultTransport(options);
   }
 
   /** Create the workspace at `root` (idempotent) and open it. */
@@ -142,6 +146,17 @@ export class Agent2PC {
   call(op: Operation, params: Params): Promise<Answer> {
     return this.transport.call(op, params);
   }
+}
+
+/** The daemon's socket when one accepts a connection, else the CLI (docs/daemon.md). */
+function defaultTransport(options: Agent2PCOptions): Transport {
+  const env = options.env ?? process.env;
+  const daemon = options.daemon !== false && env.AGENT2PC_NO_DAEMON !== "1";
+  const cli = new CliTransport({
+    root: options.root, bin: options.bin,
+    env: daemon ? env : { ...env, AGENT2PC_NO_DAEMON: "1" },
+  });
+  return daemon ? new DaemonTransport({ root: options.root, env, fallback: cli }) : cli;
 }
 
 export class Transaction {

@@ -5,6 +5,8 @@ export type {
 } from "./client.js";
 export { CliTransport } from "./cli-transport.js";
 export type { CliTransportOptions } from "./cli-transport.js";
+export { DaemonTransport, findRoot } from "./daemon-transport.js";
+export type { DaemonTransportOptions } from "./daemon-transport.js";
 export type { Answer, Env, Operation, Params, ParamValue, Transport } from "./transport.js";
 export {
   Agent2PCError, CheckFailed, errorFromAnswer, FenceRefusal, InputError, Refusal,

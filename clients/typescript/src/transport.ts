@@ -5,8 +5,9 @@
 //
 // Transports:
 //   - CliTransport (cli-transport.ts): runs the `agent-2pc` CLI with --json, one process a step.
-//   - A daemon transport (the Unix socket in .agent-tx/) is to come once the daemon's protocol
-//     is documented (docs/daemon.md); it implements this same interface.
+//   - DaemonTransport (daemon-transport.ts): JSON-RPC on the daemon's Unix socket
+//     (.agent-tx/daemon.sock, docs/daemon.md); the CLI for what the daemon does not serve and
+//     while no daemon answers. Agent2PC's default.
 
 /** The operations a transport serves: the library's method names. */
 export type Operation =

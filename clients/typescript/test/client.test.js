@@ -10,12 +10,19 @@ import {
 
 import { cliBin, put, read, snapshot, workspace } from "./workspace.js";
 
+// The same tests run twice: through the CLI (no daemon), and with a daemon serving each
+// workspace (the default transport then talks to its socket): the answers and errors must be
+// the same.
+for (const daemon of [false, true]) {
+const way = daemon ? "through the daemon" : "over the CLI";
+const ws = (t, files) => workspace(t, files, { daemon });
 const open = (root) => new Agent2PC({ root, bin: cliBin() });
+const cliOnly = { skip: daemon && "about the CLI itself" };
 
 // Each test has its own workspace: they run side by side.
-describe("the client over the CLI", { concurrency: 3 }, () => {
+describe(`the client ${way}`, { concurrency: 3 }, () => {
   it("begin, stage every kind of step, diff, commit: the tree changes only at commit", async (t) => {
-    const root = workspace(t, { "a.txt": "one\ntwo\n", "b.txt": "keep\n", "gone.txt": "bye\n" });
+    const root = ws(t, { "a.txt": "one\ntwo\n", "b.txt": "keep\n", "gone.txt": "bye\n" });
     const client = open(root);
     const tx = await client.begin({ timeoutMs: 30000, label: "all steps" });
     assert.match(tx.tid, /^tx-/);
@@ -44,7 +51,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("abort leaves nothing: the tree as before, the transaction aborted", async (t) => {
-    const root = workspace(t, { "a.txt": "original\n" });
+    const root = ws(t, { "a.txt": "original\n" });
     const client = open(root);
     const tx = await client.begin();
     await tx.stageWrite("a.txt", "changed\n");
@@ -61,7 +68,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("a file changed under a recorded read: commit rejects with TransactionAborted, code conflict", async (t) => {
-    const root = workspace(t, { "shared.txt": "v1\n" });
+    const root = ws(t, { "shared.txt": "v1\n" });
     const tx = await open(root).begin();
     assert.match(await tx.recordRead("shared.txt"), /^[0-9a-f]{64}$/);
     await tx.stageWrite("shared.txt", "mine\n");
@@ -80,7 +87,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("a failing check: stageCommand rejects with CheckFailed, then commit with verification_failed", async (t) => {
-    const root = workspace(t);
+    const root = ws(t);
     const tx = await open(root).begin();
     await tx.stageWrite("a.txt", "x\n");
     const ok = await tx.stageCommand("test -f a.txt");
@@ -100,7 +107,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("an unknown tid is an InputError with code unknown_tid, exit status 2", async (t) => {
-    const root = workspace(t);
+    const root = ws(t);
     const client = open(root);
     const tx = client.get("tx-20260101-120000-a1b2c3");
     for (const step of [() => tx.commit(), () => tx.stageWrite("a", "b"), () => tx.diff()]) {
@@ -115,7 +122,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("savepoint and rollbackTo undo the steps after the savepoint only", async (t) => {
-    const root = workspace(t, { "a.txt": "a\n" });
+    const root = ws(t, { "a.txt": "a\n" });
     const tx = await open(root).begin();
     await tx.stageWrite("first.txt", "1\n");
     assert.equal((await tx.savepoint("s1")).name, "s1");
@@ -130,7 +137,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("bad input is refused with the contract's code and nothing is staged", async (t) => {
-    const root = workspace(t, { "a.txt": "same same\n" });
+    const root = ws(t, { "a.txt": "same same\n" });
     const tx = await open(root).begin();
     const cases = [
       [() => tx.stageWrite("../escape.txt", "x"), "path_outside_root"],
@@ -155,7 +162,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("content travels as bytes: binary, dashes, modes, replace --all", async (t) => {
-    const root = workspace(t, { "flags.txt": "--json --json\n" });
+    const root = ws(t, { "flags.txt": "--json --json\n" });
     const tx = await open(root).begin();
     const bytes = new Uint8Array([0, 1, 2, 255, 10, 0]);
     assert.equal((await tx.stageWrite("bin.dat", bytes)).bytes, 6);
@@ -170,7 +177,7 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 
   it("transaction(): commits when the body resolves, aborts and rethrows when it throws", async (t) => {
-    const root = workspace(t);
+    const root = ws(t);
     const client = open(root);
     const value = await client.transaction(async (tx) => {
       await tx.stageWrite("kept.txt", "yes\n");
@@ -191,8 +198,8 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
     assert.deepEqual(rows.map((r) => r.state).sort(), ["aborted", "committed"]);
   });
 
-  it("no CLI where it was looked for: TransportError, not a crash", async (t) => {
-    const root = workspace(t);
+  it("no CLI where it was looked for: TransportError, not a crash", cliOnly, async (t) => {
+    const root = ws(t);
     const client = new Agent2PC({ root, bin: `${root}/no-such-agent-2pc` });
     await assert.rejects(client.begin(), (err) => {
       assert.ok(err instanceof TransportError, `${err}`);
@@ -205,9 +212,9 @@ describe("the client over the CLI", { concurrency: 3 }, () => {
   });
 });
 
-describe("the rest of the surface", { concurrency: 3 }, () => {
+describe(`the rest of the surface ${way}`, { concurrency: 3 }, () => {
   it("stageCommand's options reach the check: env, workingDir, promote, limits", async (t) => {
-    const root = workspace(t, { "sub/x.txt": "x\n" });
+    const root = ws(t, { "sub/x.txt": "x\n" });
     const tx = await open(root).begin();
     const env = await tx.stageCommand('test "$GREETING" = hello', { env: { GREETING: "hello" } });
     assert.equal(env.passed, true);
@@ -226,7 +233,7 @@ describe("the rest of the surface", { concurrency: 3 }, () => {
   });
 
   it("exec stages what a command changed; a failing one stages nothing", async (t) => {
-    const root = workspace(t, { "old.txt": "old\n" });
+    const root = ws(t, { "old.txt": "old\n" });
     const tx = await open(root).begin();
     const run = await tx.exec(["sh", "-c", "echo new > new.txt && rm old.txt"]);
     assert.deepEqual(run.captured.map((c) => [c.path, c.op]).sort(),
@@ -239,7 +246,7 @@ describe("the rest of the surface", { concurrency: 3 }, () => {
   });
 
   it("status, transactions, recover, compact and Agent2PC.init answer the CLI's objects", async (t) => {
-    const root = workspace(t);
+    const root = ws(t);
     const client = await Agent2PC.init(root, { bin: cliBin() });
     const live = await client.begin({ label: "live" });
     const done = await client.begin();
@@ -255,7 +262,7 @@ describe("the rest of the surface", { concurrency: 3 }, () => {
   });
 
   it("parallel transactions from one process: disjoint ones all commit, a lost update is a conflict", async (t) => {
-    const root = workspace(t, { "counter.txt": "0\n" });
+    const root = ws(t, { "counter.txt": "0\n" });
     const client = open(root);
     const txs = await Promise.all([0, 1, 2, 3].map(() => client.begin()));
     await Promise.all(txs.map((tx, i) => tx.stageWrite(`part${i}.txt`, `${i}\n`)));
@@ -274,8 +281,8 @@ describe("the rest of the surface", { concurrency: 3 }, () => {
     });
   });
 
-  it("a CLI that dies without its answer is a TransportError", async (t) => {
-    const root = workspace(t);
+  it("a CLI that dies without its answer is a TransportError", cliOnly, async (t) => {
+    const root = ws(t);
     const fake = join(root, "dying-cli");
     writeFileSync(fake, "#!/bin/sh\necho 'Traceback: boom' >&2\nexit 1\n", { mode: 0o755 });
     await assert.rejects(new Agent2PC({ root, bin: fake }).begin(), (err) => {
@@ -285,3 +292,4 @@ describe("the rest of the surface", { concurrency: 3 }, () => {
     });
   });
 });
+}

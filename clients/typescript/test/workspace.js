@@ -20,14 +20,41 @@ export function cliBin() {
   return bin;
 }
 
-/** A fresh workspace holding `files` ({path: content}); removed after the test `t`. */
-export function workspace(t, files = {}) {
+/** A fresh workspace holding `files` ({path: content}); removed after the test `t`. With
+ * `daemon`, a daemon serves it (`agent-2pc daemon start`), stopped after the test, which
+ * fails if the daemon answered no request but its own status. */
+export function workspace(t, files = {}, { daemon = false } = {}) {
   const dir = realpathSync(mkdtempSync(join(tmpdir(), "a2pc-ts-")));
-  t.after(() => rmSync(dir, { recursive: true, force: true }));
+  t.after(() => {
+    try {
+      if (daemon) {
+        const status = daemonStatus(dir);
+        cli(dir, "daemon", "stop");
+        if (!(status.requests > 1)) throw new Error("the daemon served no request");
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
   execFileSync("git", ["init", "-q", dir]);
   for (const [path, content] of Object.entries(files)) put(dir, path, content);
   execFileSync(cliBin(), ["init", "--root", dir], { stdio: "ignore" });
+  if (daemon) cli(dir, "daemon", "start");
   return dir;
+}
+
+/** `agent-2pc --root DIR ARGS... --json`'s answer, with no daemon in the way. */
+export function cli(dir, ...args) {
+  const env = { ...process.env, AGENT2PC_NO_DAEMON: "1" };
+  delete env.AGENT2PC_ROOT;
+  const out = execFileSync(cliBin(), ["--root", dir, ...args, "--json"],
+    { encoding: "utf8", env });
+  return JSON.parse(out);
+}
+
+/** `agent-2pc daemon status --json`: {running, pid, requests, ...}. */
+export function daemonStatus(dir) {
+  return cli(dir, "daemon", "status");
 }
 
 export function put(dir, path, content) {

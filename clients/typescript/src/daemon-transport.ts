@@ -30,6 +30,8 @@ const DAEMON_OPS = new Set<Operation>([
 const BYTES_PARAMS = new Set(["content", "patch", "old", "new"]);
 /** The longest path a Unix socket address holds (sun_path, with its NUL). */
 const SUN_PATH_MAX = 107;
+/** The protocol version this client speaks (`hello`'s `protocol`). */
+const PROTOCOL = 1;
 
 export interface DaemonTransportOptions {
   /** Where calls go when no daemon answers, and the steps the daemon does not serve. */
@@ -166,8 +168,8 @@ export class DaemonTransport implements Transport {
   /** The live connection, after a reconnect if the daemon went away; undefined: none. */
   private async connection(): Promise<Socket | undefined> {
     // Let the event loop deliver a hang-up that arrived while idle: such a daemon is gone,
-    // and a request written to it would be lost.
-    await new Promise((r) => setImmediate(r));
+    // and a request written to it would be lost. Two turns: one poll for I/O between them.
+    for (let i = 0; i < 2; i++) await new Promise((r) => setImmediate(r));
     if (this.sock !== undefined && (this.sock.destroyed || this.sock.readableEnded)) this.drop();
     if (this.sock !== undefined) return this.sock;
     this.root ??= findRoot(this.start, this.env);
@@ -189,10 +191,24 @@ export class DaemonTransport implements Transport {
     sock.unref(); // an idle connection does not keep the process alive
     this.sock = sock;
     this.buffered = "";
+    // A daemon dying as it accepts leaves a connection that closes unanswered: `hello` first
+    // (it changes nothing), so that a step is only sent to a daemon that answers, and one
+    // that speaks another protocol is not used.
+    let hello: Record<string, unknown> | undefined;
+    try {
+      const line = await this.request(sock, ++this.nextId, "hello", {});
+      hello = (JSON.parse(line) as Record<string, unknown>).result as Record<string, unknown>;
+    } catch {
+      hello = undefined;
+    }
+    if (hello?.protocol !== PROTOCOL) {
+      this.drop();
+      return undefined;
+    }
     return sock;
   }
 
-  private request(sock: Socket, id: number, op: Operation, params: Record<string, unknown>
+  private request(sock: Socket, id: number, op: string, params: Record<string, unknown>
   ): Promise<string> {
     return new Promise((done, fail) => {
       this.pending = {
@@ -226,7 +242,7 @@ export class DaemonTransport implements Transport {
   }
 }
 
-function unavailable(op: Operation, why: string): WorkspaceError {
+function unavailable(op: string, why: string): WorkspaceError {
   return new WorkspaceError({
     code: "daemon_unavailable", exitCode: 2,
     message: `the daemon did not answer ${op} (${why}): it may have died; whether the step ` +

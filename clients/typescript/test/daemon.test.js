@@ -3,7 +3,9 @@
 // working through the CLI on a recovered workspace.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
-import { writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, realpathSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, it } from "node:test";
 
 import { Agent2PC, CliTransport, DaemonTransport, WorkspaceError } from "agent-2pc";
@@ -89,6 +91,25 @@ describe("the daemon transport", { concurrency: 2 }, () => {
     assert.deepEqual(conflicted[0], conflicted[1]);
   });
 
+  it("a socket path longer than sun_path is reached through /proc/self/fd", async (t) => {
+    const base = realpathSync(mkdtempSync(join(tmpdir(), "a2pc-ts-long-")));
+    const root = join(base, "x".repeat(60), "y".repeat(60));
+    t.after(() => {
+      try { cli(root, "daemon", "stop"); } finally { rmSync(base, { recursive: true, force: true }); }
+    });
+    mkdirSync(root, { recursive: true });
+    execFileSync("git", ["init", "-q", root]);
+    execFileSync(cliBin(), ["init", "--root", root], { stdio: "ignore" });
+    cli(root, "daemon", "start");
+    assert.ok(Buffer.byteLength(join(root, ".agent-tx/daemon.sock")) > 107);
+    const client = open(root);
+    const tx = await client.begin();
+    await tx.stageWrite("a.txt", "long\n");
+    await tx.commit();
+    assert.deepEqual(client.transport.calls, { daemon: 3, fallback: 0 });
+    assert.equal(read(root, "a.txt"), "long\n");
+  });
+
   it("a daemon killed between calls: the next call goes through the CLI and finds the transaction as it was", async (t) => {
     const root = workspace(t, { "a.txt": "a\n" }, { daemon: true });
     const client = open(root);
@@ -112,7 +133,7 @@ describe("the daemon transport", { concurrency: 2 }, () => {
   });
 
   it("a daemon killed in the middle of a commit: daemon_unavailable (exit 2), then the CLI finds it rolled forward", async (t) => {
-    const root = workspace(t, { "a.txt": "a\n" });
+    const root = workspace(t, { "a.txt": "a\n" }, { stopDaemon: true });
     // The daemon dies at the named crash point, after the decision is durable.
     const env = { ...process.env, AGENT2PC_CRASH_AT: "commit.after_decision",
       AGENT2PC_NO_DAEMON: "1" };

@@ -23,10 +23,11 @@ export function cliBin() {
 /** A fresh workspace holding `files` ({path: content}); removed after the test `t`. With
  * `daemon`, a daemon serves it (`agent-2pc daemon start`), stopped after the test, which
  * fails if the daemon answered no request but its own status. */
-export function workspace(t, files = {}, { daemon = false } = {}) {
+export function workspace(t, files = {}, { daemon = false, stopDaemon = false } = {}) {
   const dir = realpathSync(mkdtempSync(join(tmpdir(), "a2pc-ts-")));
   t.after(() => {
     try {
+      if (stopDaemon) cli(dir, "daemon", "stop"); // one the test started, if still running
       if (daemon) {
         const status = daemonStatus(dir);
         cli(dir, "daemon", "stop");

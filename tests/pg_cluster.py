@@ -51,13 +51,14 @@ def _free_port() -> int:
 class Cluster:
     """initdb + pg_ctl start in a temporary directory; ``stop`` removes it."""
 
-    def __init__(self, max_prepared_transactions: int) -> None:
+    def __init__(self, max_prepared_transactions: int = 0, max_connections: int = 50) -> None:
         bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
         if not bins:
             raise RuntimeError("no initdb under /usr/lib/postgresql/*/bin")
         self.bindir = os.path.dirname(bins[-1])
         self.mpt = max_prepared_transactions
-        self.dir = tempfile.mkdtemp(prefix="a2pc-pg2pc-")
+        self.max_connections = max_connections
+        self.dir = tempfile.mkdtemp(prefix="a2pc-pg-")
         self.data = os.path.join(self.dir, "data")
         self.port = _free_port()
         self.prefix: list[str] = []
@@ -80,7 +81,8 @@ class Cluster:
         self._run(os.path.join(self.bindir, "initdb"), "-D", self.data, "-U", "postgres",
                   "--auth=trust", "-E", "UTF8", "--no-sync")
         opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off "
-                f"-c max_connections=50 -c max_prepared_transactions={self.mpt}")
+                f"-c max_connections={self.max_connections} "
+                f"-c max_prepared_transactions={self.mpt}")
         self._run(os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-o", opts, "-w",
                   "-t", "60", "-l", os.path.join(self.dir, "log"), "start", timeout=90)
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"

@@ -10,19 +10,15 @@ a per-session prefix, dropped afterwards, so parallel runs never collide.
 
 from __future__ import annotations
 
-import glob
 import os
-import pwd
-import shutil
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from typing import Any, Callable, Iterator
 
 import pytest
+from pg_cluster import Cluster, can_connect, unavailable
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SESSION_PREFIX = f"a2pc_fence_t{os.getpid()}_{uuid.uuid4().hex[:6]}"
@@ -30,102 +26,30 @@ STORES = ("memory", "sqlite", "postgres")
 WORKER = os.path.join(os.path.dirname(__file__), "fence_worker.py")
 
 
-def _can_connect(dsn: str) -> str | None:
-    """None when a connection works, else why not."""
-    try:
-        import psycopg
-    except ImportError as exc:
-        return f"psycopg is not installed ({exc})"
-    try:
-        with psycopg.connect(dsn, connect_timeout=3) as conn:
-            conn.execute("SELECT 1")
-        return None
-    except psycopg.Error as exc:
-        return f"{dsn}: {str(exc).strip() or type(exc).__name__}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class _Cluster:
-    """A throwaway Postgres cluster in a temporary directory (as the postgres user when root)."""
-
-    def __init__(self, bindir: str) -> None:
-        self.bindir = bindir
-        self.dir = tempfile.mkdtemp(prefix="a2pc-pg-")
-        self.data = os.path.join(self.dir, "data")
-        self.port = _free_port()
-        self.prefix: list[str] = []
-        if os.geteuid() == 0:
-            try:
-                pw = pwd.getpwnam("postgres")
-            except KeyError:
-                raise RuntimeError("running as root and there is no postgres user") from None
-            os.chown(self.dir, pw.pw_uid, pw.pw_gid)
-            runuser = shutil.which("runuser")
-            if runuser is None:
-                raise RuntimeError("running as root and runuser is missing")
-            self.prefix = [runuser, "-u", "postgres", "--"]
-
-    def _run(self, *argv: str, timeout: float = 60) -> None:
-        subprocess.run(self.prefix + list(argv), check=True, timeout=timeout,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-    def start(self) -> str:
-        self._run(os.path.join(self.bindir, "initdb"), "-D", self.data, "-U", "postgres",
-                  "--auth=trust", "-E", "UTF8", "--no-sync")
-        opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.dir} -c fsync=off "
-                "-c max_connections=200")
-        self._run(os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-o", opts, "-w",
-                  "-t", "60", "-l", os.path.join(self.dir, "log"), "start", timeout=90)
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def stop(self) -> None:
-        try:
-            self._run(os.path.join(self.bindir, "pg_ctl"), "-D", self.data, "-m", "immediate",
-                      "-w", "stop")
-        except (subprocess.SubprocessError, OSError):
-            pass
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-def _unavailable(reason: str) -> None:
-    if os.environ.get("AGENT2PC_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"Postgres is required (AGENT2PC_REQUIRE_POSTGRES=1) but {reason}",
-                    pytrace=False)
-    pytest.skip(f"no Postgres: {reason}")
-
-
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     """A DSN of a reachable Postgres server (skips or fails as the module docstring says)."""
     explicit = os.environ.get("AGENT2PC_TEST_POSTGRES_DSN")
     if explicit:
-        why = _can_connect(explicit)
+        why = can_connect(explicit)
         if why:
-            _unavailable(f"AGENT2PC_TEST_POSTGRES_DSN does not connect: {why}")
+            unavailable(f"AGENT2PC_TEST_POSTGRES_DSN does not connect: {why}")
         yield explicit
         _drop_session_schemas(explicit)
         return
-    why = _can_connect(DEFAULT_DSN)
+    why = can_connect(DEFAULT_DSN)
     if why is None:
         yield DEFAULT_DSN
         _drop_session_schemas(DEFAULT_DSN)
         return
-    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
-    if not bins:
-        _unavailable(f"{why}; and no initdb under /usr/lib/postgresql/*/bin")
     cluster = None
     try:
-        cluster = _Cluster(os.path.dirname(bins[-1]))
+        cluster = Cluster(max_connections=200)  # the fence's storms open many
         dsn = cluster.start()
     except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
         if cluster is not None:
             cluster.stop()
-        _unavailable(f"{why}; and a throwaway cluster did not start: {exc}")
+        unavailable(f"{why}; and a throwaway cluster did not start: {exc}")
     try:
         yield dsn
     finally:

@@ -29,6 +29,19 @@ from agent_2pc import Agent2PC  # noqa: E402
 from agent_2pc.integrations.pydantic_ai import FencedToolset, TransactionToolset  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _close_the_loop_run_sync_leaves() -> object:
+    """pydantic-ai's ``run_sync`` runs on an event loop it sets for the thread and never closes:
+    close it here, or the garbage collector reports it (and its sockets) in a later test."""
+    yield
+    import asyncio
+
+    loop = asyncio.get_event_loop_policy()._local._loop  # type: ignore[attr-defined]
+    if loop is not None and not loop.is_running():
+        loop.close()
+        asyncio.set_event_loop(None)
+
+
 def _read(root: str, rel: str) -> str | None:
     try:
         with open(os.path.join(root, rel)) as f:

@@ -120,7 +120,25 @@ def _kill_runs_of(view_dir: str) -> int:
             pass
     for ns in spaces:
         reap_namespace(ns)
+    # Wait (briefly) until they are gone: the layers they own are swept next, and a process
+    # still exiting would look alive to owner_gone (a loaded machine left a layer behind).
+    deadline = time.monotonic() + KILLED_EXIT_WAIT_S
+    while time.monotonic() < deadline and any(os.path.exists(f"{PROC}/{p}") and
+                                              not _zombie(p) for p in pids):
+        time.sleep(0.01)
     return len(pids)
+
+
+KILLED_EXIT_WAIT_S = 5.0
+
+
+def _zombie(pid: int) -> bool:
+    """Has ``pid`` exited, its parent not having reaped it yet?"""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 # A fuse-overlayfs upper in the temp dir holds what a terminal session changed; the view's scratch

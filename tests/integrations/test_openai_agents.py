@@ -46,12 +46,13 @@ def test_the_transaction_tools_stage_check_and_commit(root, client):
         f.write("x = 41\n")
     tx = client.begin(label="openai-agents")
     agent = Agent(name="dev", tools=transaction_tools(tx))
+    # One call per turn: the SDK runs the calls of one turn concurrently, in no set order.
     model = ScriptedModel([
         [function_call("replace_in_file", {"path": "app.py", "old": "41", "new": "42"},
-                       call_id="c1"),
-         function_call("run_command", {"command": "echo made > made.txt; cat app.py"},
-                       call_id="c2"),
-         function_call("run_check", {"command": "grep -q 42 app.py"}, call_id="c3")],
+                       call_id="c1")],
+        [function_call("run_command", {"command": "echo made > made.txt; cat app.py"},
+                       call_id="c2")],
+        [function_call("run_check", {"command": "grep -q 42 app.py"}, call_id="c3")],
         [function_call("commit", {}, call_id="c4")],
         [assistant_message("done")]])
     result = _run(agent, model)

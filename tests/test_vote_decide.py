@@ -6,6 +6,7 @@ and votes yes durably, the transaction then waits -- across process exits and cr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -426,3 +427,18 @@ def test_with_an_api_call_it_is_made_once_at_the_vote_and_compensated_only_on_de
         assert snapshot(world.root) == (world.new if outcome == "commit" else world.old)
     finally:
         service.close()
+
+
+def test_a_vote_whose_decided_fields_staging_cannot_have_written_is_corrupt_wal_at_decide(
+        world: World):
+    from agent_2pc.core import records
+    from agent_2pc.errors import CorruptWal
+
+    engine = Agent2PC(world.root, daemon=False).engine
+    k = len(engine.txs[world.tid].changes()) + 5  # no change of the transaction has this k
+    engine.journal.append([records.prepare(world.tid, pid=os.getpid()),
+                           records.vote(world.tid, pid=os.getpid(), coordinator=COORD,
+                                        decided={"modes": {str(k): 0o644}})], sync=True)
+    with pytest.raises(CorruptWal):
+        engine.decide(world.tid, "commit")
+    assert snapshot(world.root) == world.old

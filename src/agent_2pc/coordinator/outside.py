@@ -140,8 +140,8 @@ def refuse_prepared(tx: Tx, what: str) -> None:
     raise BadState(
         f"{tx.tid} is prepared (it voted yes for {shown(tx.coordinator)}) and in doubt: "
         f"its coordinator decides it; it cannot be {what} here. If that coordinator is lost "
-        f"for good, an operator may decide it by hand: 'agent-2pc decide --tid {tx.tid} "
-        "commit|abort' (docs/cli.md, decide)",
+        "for good, an operator may decide it by hand: 'agent-2pc decide' with its tid and "
+        "commit or abort (docs/cli.md, decide)",
         tid=tx.tid, state=tx.state, coordinator=tx.coordinator)
 
 

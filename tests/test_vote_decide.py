@@ -442,3 +442,21 @@ def test_a_vote_whose_decided_fields_staging_cannot_have_written_is_corrupt_wal_
     with pytest.raises(CorruptWal):
         engine.decide(world.tid, "commit")
     assert snapshot(world.root) == world.old
+
+
+def test_two_processes_deciding_commit_at_once_both_answer_committed_and_apply_once(
+        world: World):
+    import subprocess
+    import sys
+
+    world.client.get(world.tid).vote(COORD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT2PC_")}
+    procs = [subprocess.Popen([sys.executable, "-m", "agent_2pc", "--root", str(world.root),
+                               "decide", "--tid", world.tid, "commit", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert [o["state"] for o in outs] == ["committed", "committed"], outs
+    assert snapshot(world.root) == world.new
+    rows = Agent2PC(world.root).transactions()
+    assert [r["tid"] for r in rows].count(world.tid) == 1

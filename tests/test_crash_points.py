@@ -193,6 +193,8 @@ COVERED_IN = {
     "sql.after_prepare": "tests/test_postgres_sql.py",
     "sql.after_commit_prepared": "tests/test_postgres_sql.py",
     "undo.after_stage": "tests/test_undo_and_log.py",
+    "vote.before_record": "tests/test_vote_decide.py",
+    "vote.after_record": "tests/test_vote_decide.py",
 }
 
 

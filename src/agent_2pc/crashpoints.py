@@ -21,6 +21,10 @@ POINTS: dict[str, str] = {
     "prepare.before_decision": "every participant voted yes and its temp files are synced; "
     "no decision yet",
     "commit.after_decision": "the commit decision is durable; nothing applied",
+    "vote.before_record": "every participant voted yes for an outside coordinator; the vote "
+    "record is not written (recover aborts it)",
+    "vote.after_record": "the yes vote is durable: the transaction is prepared, in doubt "
+    "(recover leaves it to its coordinator's decide)",
     "commit.mid_apply": "after the N-th file operation (rename or unlink) of the apply",
     "commit.before_end": "every file applied and its directory synced; no end record",
     "abort.after_decision": "the abort decision is written; scratch not cleaned",

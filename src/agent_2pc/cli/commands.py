@@ -284,6 +284,29 @@ def run_recover(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().recover()
 
 
+def run_vote(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.tx(args).vote(_json_arg("--coordinator", args["coordinator"]))
+
+
+def run_decide(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().decide(args["tid"], args["outcome"], args["reason"])
+
+
+def run_in_doubt(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return {"in_doubt": ctx.client().in_doubt()}
+
+
+def text_in_doubt(r: dict[str, Any]) -> str:
+    import json
+
+    rows = r["in_doubt"]
+    if not rows:
+        return "(no prepared transaction waits for a decision)"
+    return "\n".join(f"{row['tid']}  prepared, in doubt: {len(row['files'])} files; "
+                     f"coordinator {json.dumps(row['coordinator'], sort_keys=True)}"
+                     for row in rows)
+
+
 def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().compact()
 
@@ -419,8 +442,11 @@ def text_recover(r: dict[str, Any]) -> str:
     def names(key: str) -> str:
         return ", ".join(r[key]) or "none"
 
-    return (f"rolled forward: {names('rolled_forward')}\nrolled back: {names('rolled_back')}\n"
-            f"torn log tail cut: {r['truncated_bytes']} bytes")
+    out = (f"rolled forward: {names('rolled_forward')}\nrolled back: {names('rolled_back')}\n"
+           f"torn log tail cut: {r['truncated_bytes']} bytes")
+    if r.get("in_doubt"):  # left alone: their coordinators decide (agent-2pc decide)
+        out += "\n" + text_in_doubt(r)
+    return out
 
 
 def text_batch(r: dict[str, Any]) -> str:
@@ -582,6 +608,20 @@ COMMANDS: tuple[Command, ...] = (
         extra={"text": text_outcome}),
     Command("recover", "finish or undo what crashes left; abort expired transactions",
             run_recover, extra={"text": text_recover}),
+    Command("vote", "prepare for an outside coordinator and vote; a yes waits, durable, for "
+            "decide (exit 1 if it aborts)", run_vote, (
+                TID, Opt("--coordinator", required=True, metavar="JSON",
+                         help="who decides: a JSON object, no password (e.g. "
+                         "'{\"gtid\": \"g-1\", \"store\": \"postgresql://host/db\"}')")),
+            extra={"text": lambda r: f"{r['state']} {r['tid']}: voted {r['vote']}"}),
+    Command("decide", "carry out the decision for a prepared transaction: commit or abort "
+            "(by hand only when its coordinator is lost for good)", run_decide, (
+                TID, Opt("--reason", metavar="S", help="why (kept in the history of an "
+                         "abort)")),
+            positionals=(("outcome", "commit or abort"),),
+            extra={"text": text_outcome}),
+    Command("in-doubt", "the prepared transactions waiting for their coordinators' decisions",
+            run_in_doubt, extra={"text": text_in_doubt}),
     Command("compact", "move finished transactions out of the log; collect garbage",
             run_compact, extra={"text": lambda r: f"log: {r['before_bytes']} -> "
                                 f"{r['after_bytes']} bytes"}),

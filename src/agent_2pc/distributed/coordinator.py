@@ -23,8 +23,16 @@ import socket
 import time
 
 from .. import crashpoints
-from ..errors import (Agent2PCError, BadState, InputError, Refusal, TransactionAborted,
-                      UnknownTid, UsageError, WorkspaceError)
+from ..errors import (
+    Agent2PCError,
+    BadState,
+    InputError,
+    Refusal,
+    TransactionAborted,
+    UnknownTid,
+    UsageError,
+    WorkspaceError,
+)
 from .node import check_name
 from .store import Store, channel
 

@@ -21,8 +21,15 @@ import sys
 import time
 
 from .. import crashpoints
-from ..errors import (Agent2PCError, BadState, IoFailed, TransactionAborted, UnknownTid,
-                      UsageError, WorkspaceError)
+from ..errors import (
+    Agent2PCError,
+    BadState,
+    IoFailed,
+    TransactionAborted,
+    UnknownTid,
+    UsageError,
+    WorkspaceError,
+)
 from .store import Store, StoreUnavailable, channel, error_json
 
 TYPE_CHECKING = False

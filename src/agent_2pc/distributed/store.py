@@ -16,7 +16,7 @@ import os
 import time
 
 from ..errors import Agent2PCError, UsageError, WorkspaceError
-from .schema import DDL_LOCK_KEY, SCHEMA_VERSION, check_schema, ddl, DEFAULT_SCHEMA
+from .schema import DDL_LOCK_KEY, DEFAULT_SCHEMA, SCHEMA_VERSION, check_schema, ddl
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -135,6 +135,16 @@ class Store:
         import psycopg
 
         s = self.q
+        try:  # the common case: made already, one cheap look
+            row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = "  # type: ignore
+                               "'schema_version'").fetchone()
+            if row is not None and int(row[0]) == SCHEMA_VERSION:
+                return
+        except psycopg.errors.UndefinedTable:
+            pass
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"the store ({self.where}) refused a statement: "
+                                   f"{str(exc).strip()}") from None
         try:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK_KEY,))

@@ -24,6 +24,7 @@ from .. import crashpoints
 from ..errors import (
     Agent2PCError,
     BadState,
+    CheckFailed,
     IoFailed,
     TransactionAborted,
     UnknownTid,
@@ -243,37 +244,49 @@ class Node:
             raise BadState(f"{gtid} is {g['state']}: only an active transaction stages",
                            tid=gtid, state=g["state"])
         part = self.store.part(gtid, self.name)
-        if part is None:
-            remaining_ms = 0
-            if g["expires_at"] is not None:
-                import datetime
+        if part is not None:
+            return self._step(self.client.get(part["local_tid"], check=False), kind, p)
+        # The first step here: a local transaction, joined only once the step succeeded (a
+        # refused first step leaves nothing behind).
+        remaining_ms = 0
+        if g["expires_at"] is not None:
+            import datetime
 
-                left = g["expires_at"] - datetime.datetime.now(datetime.timezone.utc)
-                remaining_ms = max(1000, int(left.total_seconds() * 1000) + 60_000)
-            local = self.client.begin(timeout_ms=remaining_ms, label=gtid)
+            left = g["expires_at"] - datetime.datetime.now(datetime.timezone.utc)
+            remaining_ms = max(1000, int(left.total_seconds() * 1000) + 60_000)
+        local = self.client.begin(timeout_ms=remaining_ms, label=gtid)
+        try:
+            out = self._step(local, kind, p)
+        except CheckFailed:  # a check that ran and failed stays in the transaction, as here
             self.store.join(gtid, self.name, local.tid)
-            part = self.store.part(gtid, self.name)
-            assert part is not None
-            if part["local_tid"] != local.tid:  # lost a race with ourselves: cannot happen
-                local.abort("joined twice")
-        tx = self.client.get(part["local_tid"], check=False)
+            raise
+        except BaseException:
+            local.abort("its first step in the global transaction failed")
+            raise
+        self.store.join(gtid, self.name, local.tid)
+        return out
+
+    @staticmethod
+    def _step(tx: Any, kind: str, p: dict[str, Any]) -> dict[str, Any]:
         if kind == "write":
-            return tx.stage_write(p["path"], base64.b64decode(p["content_b64"]),
+            return tx.stage_write(p["path"], base64.b64decode(p["content_b64"]),  # type: ignore
                                   mode=p.get("mode"))
         if kind == "delete":
-            return tx.stage_delete(p["path"])
+            return tx.stage_delete(p["path"])  # type: ignore[no-any-return]
         if kind == "replace":
-            return tx.stage_replace(p["path"], p["old"], p["new"], all=bool(p.get("all")))
+            return tx.stage_replace(p["path"], p["old"], p["new"],  # type: ignore
+                                    all=bool(p.get("all")))
         if kind == "patch":
-            return tx.stage_patch(p["patch"])
+            return tx.stage_patch(p["patch"])  # type: ignore[no-any-return]
         if kind == "sql":
-            return tx.stage_sql(p["dsn"], p["sql"])
+            return tx.stage_sql(p["dsn"], p["sql"])  # type: ignore[no-any-return]
         if kind == "read":
-            return tx.record_read_result(p["path"])
-        return tx.stage_cmd(p["command"], timeout_ms=p.get("timeout_ms"),
-                            promote=p.get("promote") or [], sandbox=bool(p.get("sandbox")),
-                            network=bool(p.get("network")), limits=p.get("limits") or None,
-                            working_dir=p.get("working_dir"), env=p.get("env") or {})
+            return tx.record_read_result(p["path"])  # type: ignore[no-any-return]
+        return tx.stage_cmd(  # type: ignore[no-any-return]
+            p["command"], timeout_ms=p.get("timeout_ms"), promote=p.get("promote") or [],
+            sandbox=bool(p.get("sandbox")), network=bool(p.get("network")),
+            limits=p.get("limits") or None, working_dir=p.get("working_dir"),
+            env=p.get("env") or {})
 
     def vote(self, gtid: str) -> dict[str, Any]:
         g = self.store.gtx_get(gtid)

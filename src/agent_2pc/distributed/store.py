@@ -81,6 +81,8 @@ class Store:
         self.where = _redact(self.url)
         self._conn: psycopg.Connection[Any] | None = None
         self._ready = False
+        # Names this process's connections (tests cut them with pg_terminate_backend).
+        self.app_name = f"agent-2pc global {self.schema} {os.getpid()}"[:63]
 
     # -- connections ----------------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class Store:
 
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
-                                   application_name="agent-2pc")
+                                   application_name=self.app_name)
         except psycopg.Error as exc:
             raise StoreUnavailable(f"the store ({self.where}) cannot be reached: "
                                    f"{str(exc).strip()}") from None

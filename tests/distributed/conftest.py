@@ -54,6 +54,7 @@ class NodeProc:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, **env: str) -> NodeProc:
+        self.close()  # the previous process (stopped or killed): its pipes
         argv = [sys.executable, "-m", "agent_2pc", "--root", self.root, "node", "--name",
                 self.name, "--json"]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -78,8 +79,10 @@ class NodeProc:
         self.proc.wait(10)
 
     def stop(self) -> int:
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else 0
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is not None:
+            return self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(15)
@@ -100,6 +103,7 @@ class NodeProc:
             for f in (self.proc.stdout, self.proc.stderr):
                 if f is not None:
                     f.close()
+            self.proc = None
 
 
 class World:

@@ -88,6 +88,7 @@ class Node:
         self._listen: psycopg.Connection[Any] | None = None
         self._stopping = False
         self.requests = 0
+        self._ran: list[int] = []  # the last request ids run here (bounded)
 
     # -- life -----------------------------------------------------------------------------
 
@@ -185,12 +186,13 @@ class Node:
     def _one_request(self) -> bool:
         """Take and run one request; False when none waits (or the store is away)."""
         try:
-            req = self.store.take(self.name, self.pid)
+            req = self.store.take(self.name, self.pid, self._ran)
         except StoreUnavailable:
             return False
         if req is None:
             return False
         self.requests += 1
+        self._ran = self._ran[-999:] + [req["id"]]
         answer, error = self.run(req["gtid"], req["kind"], req["params"])
         # The answer must reach the store: retry across lost connections (bounded by the
         # store's budget each time; the coordinator gives up on its own clock).

@@ -76,6 +76,7 @@ def ddl(schema: str) -> list[str]:
         # The messages: a coordinator inserts, the node takes, runs and answers.
         f"""CREATE TABLE IF NOT EXISTS {s}.request (
             id bigserial PRIMARY KEY,
+            rid text NOT NULL UNIQUE,
             gtid text,
             node text NOT NULL,
             kind text NOT NULL,

@@ -192,7 +192,8 @@ class Store:
     def gtx_create(self, gtid: str, label: str | None, timeout_ms: int) -> None:
         self._one("INSERT INTO {s}.gtx (gtid, label, state, expires_at) VALUES "
                   "(%s, %s, 'active', CASE WHEN %s > 0 THEN now() + make_interval(secs => "
-                  "%s / 1000.0) END)", (gtid, label, timeout_ms, timeout_ms), retry=False)
+                  "%s / 1000.0) END) ON CONFLICT (gtid) DO NOTHING",
+                  (gtid, label, timeout_ms, timeout_ms))
 
     def gtx_get(self, gtid: str) -> dict[str, Any] | None:
         return self._one("SELECT *, lease_until < now() AS lease_expired, "
@@ -311,20 +312,26 @@ class Store:
 
     def send(self, gtid: str | None, node: str, kind: str, params: dict[str, Any]) -> int:
         """Insert a request for ``node`` and wake it (NOTIFY is delivered at commit)."""
+        # ``rid`` makes the insert idempotent: a retry after a lost connection finds the row
+        # the first try may have written instead of asking twice.
+        rid = os.urandom(12).hex()
         row = self._one(
-            "WITH r AS (INSERT INTO {s}.request (gtid, node, kind, params) VALUES "
-            "(%s, %s, %s, %s) RETURNING id) SELECT id, pg_notify(%s, id::text) FROM r",
-            (gtid, node, kind, json.dumps(params), channel(self.schema, "n", node)),
-            retry=False)
+            "WITH r AS (INSERT INTO {s}.request (rid, gtid, node, kind, params) VALUES "
+            "(%s, %s, %s, %s, %s) ON CONFLICT (rid) DO UPDATE SET rid = excluded.rid "
+            "RETURNING id) SELECT id, pg_notify(%s, id::text) FROM r",
+            (rid, gtid, node, kind, json.dumps(params), channel(self.schema, "n", node)))
         assert row is not None
         return int(row["id"])
 
-    def take(self, node: str, pid: int) -> dict[str, Any] | None:
-        """The node's oldest request nobody took, now taken by us."""
+    def take(self, node: str, pid: int, ran: list[int]) -> dict[str, Any] | None:
+        """The node's oldest request nobody took, now taken by us -- or one we took but never
+        ran (the answer to our UPDATE was lost with the connection): ``ran`` are the ids we
+        ran, whose answers may still be on their way."""
         return self._one(
             "UPDATE {s}.request SET taken_at = now(), taken_by = %s WHERE id = (SELECT id FROM "
-            "{s}.request WHERE node = %s AND taken_at IS NULL ORDER BY id LIMIT 1 FOR UPDATE "
-            "SKIP LOCKED) RETURNING id, gtid, kind, params", (pid, node))
+            "{s}.request WHERE node = %s AND (taken_at IS NULL OR (taken_by = %s AND "
+            "done_at IS NULL AND NOT id = ANY(%s))) ORDER BY id LIMIT 1 FOR UPDATE "
+            "SKIP LOCKED) RETURNING id, gtid, kind, params", (pid, node, pid, ran))
 
     def answer(self, req_id: int, gtid: str | None, answer: dict[str, Any] | None,
                error: dict[str, Any] | None) -> None:

@@ -26,12 +26,12 @@ from .. import crashpoints
 from ..errors import (
     Agent2PCError,
     BadState,
-    InputError,
+    NodeUnavailable,
     Refusal,
     TransactionAborted,
     UnknownTid,
+    UnknownWorkspace,
     UsageError,
-    WorkspaceError,
 )
 from .node import check_name
 from .store import Store, channel
@@ -53,18 +53,6 @@ GTID_PREFIX = "g-"
 
 def is_global(tid: object) -> bool:
     return isinstance(tid, str) and tid.startswith(GTID_PREFIX)
-
-
-class UnknownWorkspace(InputError):
-    """No node serves a workspace by that name in this store."""
-
-    code = "unknown_workspace"
-
-
-class NodeUnavailable(WorkspaceError):
-    """The workspace's node is registered but not alive (stopped, killed, cut off)."""
-
-    code = "node_unavailable"
 
 
 class RemoteError(Agent2PCError):

@@ -18,6 +18,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 from .. import crashpoints
@@ -26,12 +27,13 @@ from ..errors import (
     BadState,
     CheckFailed,
     IoFailed,
+    NodeUnavailable,
+    StoreUnavailable,
     TransactionAborted,
     UnknownTid,
     UsageError,
-    WorkspaceError,
 )
-from .store import Store, StoreUnavailable, channel, error_json
+from .store import Store, channel, error_json
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,12 +48,6 @@ RESOLVE_MS = 2000
 STAGE_KINDS = ("write", "delete", "replace", "patch", "cmd", "sql", "read")
 COORDINATOR_KIND = "agent2pc-store"
 _NODE_LOCK_BASE = 0x41325043  # "A2PC": the high half of the node's advisory lock key
-
-
-class NodeTaken(WorkspaceError):
-    """Another live process already serves this node name."""
-
-    code = "node_unavailable"
 
 
 def check_name(name: str) -> str:
@@ -87,6 +83,7 @@ class Node:
         self.client: Agent2PC = Agent2PC(self.root, daemon=False)
         self._listen: psycopg.Connection[Any] | None = None
         self._stopping = False
+        self._stopped = threading.Event()
         self.requests = 0
         self._ran: list[int] = []  # the last request ids run here (bounded)
 
@@ -94,6 +91,7 @@ class Node:
 
     def stop(self, *_: object) -> None:
         self._stopping = True
+        self._stopped.set()
 
     def serve(self, ready: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Serve until SIGTERM/SIGINT (or ``stop``). ``ready`` is called once registered."""
@@ -105,19 +103,22 @@ class Node:
             self.resolve()
             if ready is not None:
                 ready(self.info())
+            # The heartbeat has its own thread and connection: a long request (a check that
+            # runs for minutes, a queue of requests) must not make the node look dead.
+            beat = threading.Thread(target=self._beat, name="agent-2pc node heartbeat",
+                                    daemon=True)
+            beat.start()
             next_resolve = time.monotonic() + self.resolve_ms / 1000
-            next_beat = 0.0
             while not self._stopping:
                 while not self._stopping and self._one_request():
                     pass
                 now = time.monotonic()
-                if now >= next_beat:
-                    self.store.heartbeat(self.name, self.pid)
-                    next_beat = now + self.poll_ms / 1000
                 if now >= next_resolve:
                     self.resolve()
                     next_resolve = now + self.resolve_ms / 1000
                 self._wait(min(self.poll_ms / 1000, max(0.0, next_resolve - now)))
+            self._stopped.set()
+            beat.join(5)
             try:
                 self.store.node_stopped(self.name, self.pid)
             except StoreUnavailable:
@@ -130,6 +131,17 @@ class Node:
                 self._listen.close()
             self.store.close()
             self.client.close()
+
+    def _beat(self) -> None:
+        store = Store(self.store.url, self.store.schema)
+        try:
+            while not self._stopped.wait(self.poll_ms / 1000):
+                try:
+                    store.heartbeat(self.name, self.pid)
+                except StoreUnavailable:
+                    pass  # the store is away: the next beat tries again
+        finally:
+            store.close()
 
     def info(self) -> dict[str, Any]:
         return {"node": self.name, "root": self.root, "pid": self.pid, "host": self.host,
@@ -154,7 +166,7 @@ class Node:
         if not got or not got[0]:
             conn.close()
             row = self.store.node(self.name) or {}
-            raise NodeTaken(f"node {self.name} is already served (pid {row.get('pid')} on "
+            raise NodeUnavailable(f"node {self.name} is already served (pid {row.get('pid')} on "
                             f"{row.get('host')}, root {row.get('root')})", node=self.name)
         try:
             conn.execute(f'LISTEN "{channel(self.store.schema, "n", self.name)}"')

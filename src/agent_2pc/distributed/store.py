@@ -15,7 +15,7 @@ import json
 import os
 import time
 
-from ..errors import Agent2PCError, UsageError, WorkspaceError
+from ..errors import Agent2PCError, StoreUnavailable, UsageError
 from .schema import DDL_LOCK_KEY, DEFAULT_SCHEMA, SCHEMA_VERSION, check_schema, ddl
 
 TYPE_CHECKING = False
@@ -28,12 +28,6 @@ if TYPE_CHECKING:
 
 CONNECT_TIMEOUT_S = 5
 RETRY_BUDGET_S = 20.0  # how long a statement keeps retrying through lost connections
-
-
-class StoreUnavailable(WorkspaceError):
-    """The coordination store (Postgres) cannot be reached, or refused a statement."""
-
-    code = "store_unavailable"
 
 
 def store_url(url: str | None) -> str:

@@ -147,8 +147,8 @@ class GlobalClient:
         if row is None:
             raise UnknownWorkspace(f"no node serves a workspace named {workspace!r} in the "
                                    f"store ({self.store.where}, schema {self.store.schema}); "
-                                   "start one there: agent-2pc node --store URL --name "
-                                   f"{workspace}", workspace=workspace)
+                                   "start its node in that workspace, under that name "
+                                   "(docs/distributed.md)", workspace=workspace)
         if not row["alive"]:
             raise NodeUnavailable(f"the node of workspace {workspace!r} is not alive (pid "
                                   f"{row['pid']} on {row['host']}, last heard "

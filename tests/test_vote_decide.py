@@ -6,6 +6,7 @@ and votes yes durably, the transaction then waits -- across process exits and cr
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -308,3 +309,154 @@ def test_vote_and_decide_through_a_daemon_serving_the_workspace(world: World):
         c.close()
     finally:
         daemon.stop()
+
+
+# -- a Postgres participant across the gap -------------------------------------------------------
+
+
+def _sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_with_postgres_a_vote_in_one_process_and_decide_in_another_land_rows_and_files_together(
+        tmp_path: Path, outcome: str):
+    import uuid
+
+    from pg_cluster import server_2pc
+
+    dsn = server_2pc()
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "app.txt").write_text("v1\n")
+    Agent2PC.init(root).close()
+    table = f"t_{uuid.uuid4().hex[:10]}"
+    _sql(dsn, f"CREATE TABLE {table} (id int PRIMARY KEY, v text)")
+    rc, out = run(root, "begin")
+    tid = out["tid"]
+    assert run(root, "stage-write", "--tid", tid, "--path", "app.txt", "--content", "v2\n")[0] == 0
+    rc, out = run(root, "stage-sql", "--tid", tid, "--dsn", dsn, "--sql",
+                  f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')")
+    assert rc == 0, out
+    # The voting process ends at once (the CLI): the prepared transaction outlives it.
+    rc, out = run(root, "vote", "--tid", tid, "--coordinator", json.dumps(COORD))
+    assert (rc, out["state"]) == (0, "prepared"), out
+    mark = "a2pc_" + tid.replace("-", "_") + "_%"
+    gids = _sql(dsn, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (mark,))
+    assert len(gids) == 1
+    assert _sql(dsn, f"SELECT count(*) FROM {table}") == [(0,)]
+    assert (root / "app.txt").read_text() == "v1\n"
+    rc, out = run(root, "recover")
+    assert rc == 0 and out["in_doubt"][0]["tid"] == tid, out
+    rc, out = run(root, "decide", "--tid", tid, outcome)
+    assert rc == 0, out
+    assert _sql(dsn, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (mark,)) == []
+    if outcome == "commit":
+        assert _sql(dsn, f"SELECT id, v FROM {table} ORDER BY id") == [(1, "a"), (2, "b")]
+        assert (root / "app.txt").read_text() == "v2\n"
+    else:
+        assert _sql(dsn, f"SELECT count(*) FROM {table}") == [(0,)]
+        assert (root / "app.txt").read_text() == "v1\n"
+
+
+# -- a git commit across the gap -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("voter", ["cli", "library"])
+def test_with_git_the_branch_moves_at_decide_commit_from_another_process(tmp_path: Path,
+                                                                         voter: str):
+    """The vote's process releases git's ref lock (a CLI process exits; a library process lets
+    it go after the vote), so a decide in another process moves the branch by
+    compare-and-swap, from the commit the vote built."""
+    from test_git_commit import changed_in, git, head, make_repo, stage_change
+
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    client = Agent2PC(repo, daemon=False)
+    client.engine.stage_effect(tid, "git", {"message": "global", "author": None,
+                                            "branch": None, "sign": None})
+    old = head(repo)
+    if voter == "cli":
+        rc, out = run(repo, "vote", "--tid", tid, "--coordinator", json.dumps(COORD))
+        assert rc == 0, out
+    else:
+        client.get(tid).vote(COORD)
+    assert head(repo) == old and not (repo / ".git" / "refs" / "heads" / "main.lock").exists()
+    clash = client.begin()  # another commit onto the branch waits for the decision
+    clash.stage_write("elsewhere.txt", "x\n")
+    client.engine.stage_effect(clash.tid, "git", {"message": "clash", "author": None,
+                                                  "branch": None, "sign": None})
+    with pytest.raises(TransactionAborted, match="git branch main"):
+        clash.commit()
+    rc, out = run(repo, "decide", "--tid", tid, "commit")
+    assert rc == 0 and out["state"] == "committed" and out["branch"] == "main", out
+    new = head(repo)
+    assert new == out["commit"] and git(repo, "rev-parse", new + "^").strip() == old
+    assert sorted(changed_in(repo, new)) == ["A\tnew/tool.sh", "D\tb.txt", "M\ta.txt"]
+    assert (repo / "a.txt").read_text() == "A changed\n"
+    client.close()
+
+
+# -- a remote call across the gap ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_with_an_api_call_it_is_made_once_at_the_vote_and_compensated_only_on_decide_abort(
+        world: World, outcome: str):
+    from api_server import Service
+
+    service = Service()
+    try:
+        world.client.get(world.tid).stage_api(
+            "POST", f"{service.url}/charges", {"amount": 5},
+            compensate={"method": "POST", "url": f"{service.url}/refunds",
+                        "body": {"amount": 5}})
+        rc, out = world.vote()
+        assert rc == 0, out
+        assert service.performed["/charges"] == 1 and service.performed["/refunds"] == 0
+        world.recover()  # in doubt: nothing compensated, nothing sent again
+        assert service.performed["/charges"] == 1 and service.performed["/refunds"] == 0
+        rc, out = run(world.root, "decide", "--tid", world.tid, outcome)
+        assert rc == 0, out
+        assert service.performed["/charges"] == 1
+        assert service.performed["/refunds"] == (1 if outcome == "abort" else 0)
+        assert snapshot(world.root) == (world.new if outcome == "commit" else world.old)
+    finally:
+        service.close()
+
+
+def test_a_vote_whose_decided_fields_staging_cannot_have_written_is_corrupt_wal_at_decide(
+        world: World):
+    from agent_2pc.core import records
+    from agent_2pc.errors import CorruptWal
+
+    engine = Agent2PC(world.root, daemon=False).engine
+    k = len(engine.txs[world.tid].changes()) + 5  # no change of the transaction has this k
+    engine.journal.append([records.prepare(world.tid, pid=os.getpid()),
+                           records.vote(world.tid, pid=os.getpid(), coordinator=COORD,
+                                        decided={"modes": {str(k): 0o644}})], sync=True)
+    with pytest.raises(CorruptWal):
+        engine.decide(world.tid, "commit")
+    assert snapshot(world.root) == world.old
+
+
+def test_two_processes_deciding_commit_at_once_both_answer_committed_and_apply_once(
+        world: World):
+    import subprocess
+    import sys
+
+    world.client.get(world.tid).vote(COORD)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT2PC_")}
+    procs = [subprocess.Popen([sys.executable, "-m", "agent_2pc", "--root", str(world.root),
+                               "decide", "--tid", world.tid, "commit", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for _ in range(2)]
+    outs = [json.loads(p.communicate(timeout=120)[0]) for p in procs]
+    assert [o["state"] for o in outs] == ["committed", "committed"], outs
+    assert snapshot(world.root) == world.new
+    rows = Agent2PC(world.root).transactions()
+    assert [r["tid"] for r in rows].count(world.tid) == 1

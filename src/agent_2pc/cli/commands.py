@@ -5,6 +5,7 @@ Results are the library's dicts; cli/output.py adds ``ok`` and prints JSON or te
 
 from __future__ import annotations
 
+import json
 import os
 
 from ..errors import UsageError
@@ -302,14 +303,12 @@ def run_in_doubt(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def text_in_doubt(r: dict[str, Any]) -> str:
-    import json
-
     rows = r["in_doubt"]
     if not rows:
         return "(no prepared transaction waits for a decision)"
-    return "\n".join(f"{row['tid']}  prepared, in doubt: {len(row['files'])} files; "
-                     f"coordinator {json.dumps(row['coordinator'], sort_keys=True)}"
-                     for row in rows)
+    return "\n".join(f"{row['tid']}  prepared, in doubt: {len(row['files'])} "
+                     f"file{'s' if len(row['files']) != 1 else ''}; coordinator "
+                     f"{json.dumps(row['coordinator'], sort_keys=True)}" for row in rows)
 
 
 def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -429,6 +428,10 @@ def text_transactions(r: dict[str, Any]) -> str:
             lines.append(f"    {f['op']:<6} {f['path']}" if isinstance(f, dict) else f"    {f}")
         if len(rows) == 1 and t.get("reason"):
             lines.append(f"    reason: {t['reason']}")
+        if len(rows) == 1 and t.get("coordinator"):
+            lines.append(f"    decided by: {json.dumps(t['coordinator'], sort_keys=True)}")
+    if r.get("in_doubt"):  # prepared: their coordinators decide (agent-2pc decide)
+        lines.append(text_in_doubt(r))
     return "\n".join(lines)
 
 

@@ -140,22 +140,27 @@ def refuse_prepared(tx: Tx, what: str) -> None:
     raise BadState(
         f"{tx.tid} is prepared (it voted yes for {shown(tx.coordinator)}) and in doubt: "
         f"its coordinator decides it; it cannot be {what} here. If that coordinator is lost "
-        f"for good, an operator may decide it by hand: 'agent-2pc decide --tid {tx.tid} "
-        "commit|abort' (docs/cli.md, decide)",
+        "for good, an operator may decide it by hand: 'agent-2pc decide' with its tid and "
+        "commit or abort (docs/cli.md, decide)",
         tid=tx.tid, state=tx.state, coordinator=tx.coordinator)
 
 
 def prepared_overlap(tx: Tx, txs: Iterable[Tx]) -> Vote | None:
     """A no (``conflict``) when ``tx`` changes or read a path that a prepared transaction
-    changes, or changes a path that one read: the prepared one holds it until its coordinator
-    decides."""
+    changes, or changes a path that one read, or commits onto the git branch one will move:
+    the prepared one holds them until its coordinator decides."""
     mine_changed = {op.path for op in tx.ops}
     mine = mine_changed | {p for p, _ in tx.reads}
+    my_refs = {"refs/heads/" + eff["request"]["branch"] for eff in tx.effects
+               if eff.get("kind") == "git"}
     for other in txs:
         if other.state != PREPARED or other.tid == tx.tid:
             continue
         shared = sorted(mine.intersection(op.path for op in other.ops)) or sorted(
             mine_changed.intersection(p for p, _ in other.reads))
+        git = other.voted.get("git")
+        if not shared and isinstance(git, dict) and git.get("ref") in my_refs:
+            shared = [f"the git branch {str(git['ref']).removeprefix('refs/heads/')}"]
         if shared:
             return Vote.no("conflict", (
                 f"{shared[0]} is held by {other.tid}, which is prepared and waits for the "

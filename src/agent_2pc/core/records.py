@@ -173,6 +173,10 @@ EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),
                                   ("new", _S, True, None), ("prefix", _S, True, None),
                                   ("ignored", _L, False, None))
+# What a vote keeps for the commit decision it may get (the decision's redo fields).
+_VOTE_DECIDED: tuple[Spec, ...] = (("modes", _D, False, None), ("inline", _D, False, None),
+                                   ("placed", _D, False, None),
+                                   ("git", _D, False, _GIT_DECIDED))
 # kind -> the specs of its fields besides type, tid and ts (which every record has).
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
@@ -200,7 +204,7 @@ SHAPES: dict[str, tuple[Spec, ...]] = {
     "rollback": (("name", _S, True, None),),
     "prepare": (("pid", _I, False, None),),
     "vote": (("pid", _I, False, None), ("coordinator", _D, True, None),
-             ("decided", _D, False, None)),
+             ("decided", _D, False, _VOTE_DECIDED)),
     "decision": (("outcome", _S, True, None), ("code", _S_N, False, None),
                  ("reason", _S_N, False, None), ("modes", _D, False, None),
                  ("inline", _D, False, None), ("placed", _D, False, None),

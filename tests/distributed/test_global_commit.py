@@ -4,10 +4,13 @@ Postgres: all or nothing, and clear answers to bad input (docs/distributed.md)."
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from .conftest import World
+from .conftest import NodeProc, World, wait_until
 
 pytestmark = pytest.mark.postgres
 
@@ -160,10 +163,52 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(world: World) -> None:
 
 def test_a_second_node_for_the_same_name_is_refused(world: World) -> None:
     node = world.workspace("a")
-    from .conftest import NodeProc
-
     twin = NodeProc(world, "a", node.root)
     with pytest.raises(AssertionError, match="already served"):
         twin.start()
     twin.close()
     assert node.stop() == 0  # SIGTERM stops it cleanly
+
+
+def test_a_node_busy_with_a_long_step_stays_alive_and_serves_the_next(world: World) -> None:
+    """The heartbeat does not wait for the request queue: a check that runs longer than the
+    liveness window (3 polls, at least 2 s) does not make the node look dead."""
+    world.workspace("a")
+    world.workspace("b")
+    tid = world.begin()
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "agent_2pc", "stage-cmd", "--tid", tid, "--workspace", "a",
+         "--command", "sleep 4", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env=world.env())
+    time.sleep(3)  # a is running the check; b is idle
+    status, out = world.cli("nodes")
+    assert status == 0 and all(n["alive"] for n in out["nodes"]), out
+    # a second step for a waits behind the first and is answered, not refused as dead
+    status, out = world.cli("stage-write", "--tid", tid, "--workspace", "a", "--path", "x",
+                            "--content", "x")
+    assert status == 0, out
+    stdout, stderr = slow.communicate(timeout=60)
+    assert slow.returncode == 0, (stdout, stderr)
+    assert world.cli("commit", "--tid", tid)[0] == 0
+    assert _read(world, "a", "x") == "x"
+
+
+def test_a_second_commit_while_one_holds_the_lease_is_refused(world: World) -> None:
+    world.workspace("a")
+    tid = world.begin()
+    assert world.cli("stage-cmd", "--tid", tid, "--workspace", "a", "--command",
+                     "sleep 3 && test -f README")[0] == 0
+    assert world.cli("stage-write", "--tid", tid, "--workspace", "a", "--path", "x",
+                     "--content", "changed since the check")[0] == 0
+    # the first commit re-runs the check at prepare (the content changed): 3 s holding the lease
+    first = subprocess.Popen([sys.executable, "-m", "agent_2pc", "commit", "--tid", tid,
+                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             env=world.env({"AGENT2PC_GLOBAL_LEASE_MS": "5000"}))
+    wait_until(lambda: world.gtx(tid)["state"] == "preparing", 30)
+    status, out = world.cli("commit", "--tid", tid)
+    assert status == 2 and out["error"]["code"] == "bad_state", out
+    status, out = world.cli("abort", "--tid", tid)
+    assert status == 2 and out["error"]["code"] == "bad_state", out
+    stdout, stderr = first.communicate(timeout=60)
+    assert first.returncode == 0, (stdout, stderr)
+    assert world.gtx(tid)["state"] == "committed"

@@ -63,7 +63,7 @@ def measure(dsn: str, base: str, reps: int, clients: int) -> dict:
     import psycopg
 
     from agent_2pc import Agent2PC
-    from agent_2pc.distributed.coordinator import GlobalClient
+    from agent_2pc.distributed import GlobalClient
 
     schema = f"bench_{uuid.uuid4().hex[:8]}"
     table = f"bench_{uuid.uuid4().hex[:8]}"

@@ -1,6 +1,6 @@
 """The global transaction: one transaction across workspaces (and hosts), decided in Postgres.
 
-    from agent_2pc.distributed.coordinator import GlobalClient
+    from agent_2pc.distributed import GlobalClient
     g = GlobalClient("postgresql://host/db")
     tx = g.begin(label="migration + code")
     tx.stage_sql("backend", "postgresql://host/app", "ALTER TABLE t ADD c int")

@@ -197,8 +197,8 @@ class GlobalClient:
                     next_renew = now + self.lease_ms / 3000
                 if now >= next_alive:
                     for i in pending:
-                        row = self.store.node(ids[i])
-                        if row is None or not row["alive"]:
+                        node = self.store.node(ids[i])
+                        if node is None or not node["alive"]:
                             out[ids[i]] = {"error": {
                                 "code": "node_unavailable", "exit_status": 2,
                                 "message": f"the node of workspace {ids[i]} is not alive"}}

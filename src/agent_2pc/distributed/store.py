@@ -132,7 +132,7 @@ class Store:
 
         s = self.q
         try:  # the common case: made already, one cheap look
-            row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = "  # type: ignore
+            row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = "
                                "'schema_version'").fetchone()
             if row is not None and int(row[0]) == SCHEMA_VERSION:
                 return
@@ -145,8 +145,8 @@ class Store:
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (DDL_LOCK_KEY,))
                 for stmt in ddl(self.schema):
-                    conn.execute(stmt)  # type: ignore[arg-type]
-                row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = "  # type: ignore
+                    conn.execute(stmt)
+                row = conn.execute(f"SELECT value FROM {s}.meta WHERE key = "
                                    "'schema_version'").fetchone()
         except psycopg.Error as exc:
             raise StoreUnavailable(f"the store ({self.where}) refused its schema "
@@ -166,7 +166,7 @@ class Store:
 
         def run(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:
             with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(sql.replace("{s}", self.q), params)  # type: ignore[arg-type]
+                cur.execute(sql.replace("{s}", self.q), params)
                 return cur.fetchone() if cur.description else None
 
         return self.call(run, retry)
@@ -176,7 +176,7 @@ class Store:
 
         def run(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
             with conn.cursor(row_factory=dict_row) as cur:
-                cur.execute(sql.replace("{s}", self.q), params)  # type: ignore[arg-type]
+                cur.execute(sql.replace("{s}", self.q), params)
                 return cur.fetchall()
 
         return self.call(run)

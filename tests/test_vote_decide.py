@@ -322,9 +322,9 @@ def _sql(dsn: str, query: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, 
         return cur.fetchall() if cur.description else []
 
 
-@pytest.mark.parametrize("outcome", ["commit", "abort"])
-def test_with_postgres_a_vote_in_one_process_and_decide_in_another_land_rows_and_files_together(
-        tmp_path: Path, outcome: str):
+def _pg_world(tmp_path: Path) -> tuple[str, Path, str, str]:
+    """A workspace with app.txt, a table of its own in the 2PC server, and a transaction that
+    changes both: (dsn, root, table, tid)."""
     import uuid
 
     from pg_cluster import server_2pc
@@ -342,6 +342,28 @@ def test_with_postgres_a_vote_in_one_process_and_decide_in_another_land_rows_and
     rc, out = run(root, "stage-sql", "--tid", tid, "--dsn", dsn, "--sql",
                   f"INSERT INTO {table} VALUES (1, 'a'), (2, 'b')")
     assert rc == 0, out
+    return dsn, root, table, tid
+
+
+def test_with_postgres_killed_before_the_vote_record_recover_rolls_the_prepared_one_back(
+        tmp_path: Path):
+    dsn, root, table, tid = _pg_world(tmp_path)
+    proc = cli(root, "vote", "--tid", tid, "--coordinator", json.dumps(COORD),
+               env={"AGENT2PC_CRASH_AT": "vote.before_record"})
+    assert proc.returncode == 137, proc.stderr
+    mark = "a2pc_" + tid.replace("-", "_") + "_%"
+    assert len(_sql(dsn, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (mark,))) == 1
+    rc, out = run(root, "recover")
+    assert rc == 0 and tid in out["rolled_back"] and "in_doubt" not in out, out
+    assert _sql(dsn, "SELECT gid FROM pg_prepared_xacts WHERE gid LIKE %s", (mark,)) == []
+    assert _sql(dsn, f"SELECT count(*) FROM {table}") == [(0,)]
+    assert (root / "app.txt").read_text() == "v1\n"
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_with_postgres_a_vote_in_one_process_and_decide_in_another_land_rows_and_files_together(
+        tmp_path: Path, outcome: str):
+    dsn, root, table, tid = _pg_world(tmp_path)
     # The voting process ends at once (the CLI): the prepared transaction outlives it.
     rc, out = run(root, "vote", "--tid", tid, "--coordinator", json.dumps(COORD))
     assert (rc, out["state"]) == (0, "prepared"), out

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 POLL_MS = 500
 RESOLVE_MS = 2000
+REQUEST_KEEP_S = 24 * 3600  # answered requests are deleted after a day
 STAGE_KINDS = ("write", "delete", "replace", "patch", "cmd", "sql", "read")
 COORDINATOR_KIND = "agent2pc-store"
 _NODE_LOCK_BASE = 0x41325043  # "A2PC": the high half of the node's advisory lock key
@@ -85,6 +86,7 @@ class Node:
         self._stopping = False
         self._stopped = threading.Event()
         self.requests = 0
+        self._next_prune = 0.0
         self._ran: list[int] = []  # the last request ids run here (bounded)
 
     # -- life -----------------------------------------------------------------------------
@@ -364,6 +366,9 @@ class Node:
         undecided past its lease). Returns what it did."""
         done: list[dict[str, Any]] = []
         try:
+            if time.monotonic() >= self._next_prune:
+                self.store.prune(self.name, REQUEST_KEEP_S)
+                self._next_prune = time.monotonic() + 60
             rows = self.store.undecided_here(self.name)
         except StoreUnavailable:
             return done

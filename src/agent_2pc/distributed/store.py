@@ -337,6 +337,13 @@ class Store:
              None if error is None else json.dumps(error), req_id,
              channel(self.schema, "a", gtid or "")))
 
+    def prune(self, node: str, keep_s: int) -> None:
+        """Forget this node's answered requests older than ``keep_s`` (at most 10 000 a
+        call): messages, not history (``gtx`` and ``gpart`` keep what was decided)."""
+        self._one("DELETE FROM {s}.request WHERE id IN (SELECT id FROM {s}.request WHERE "
+                  "node = %s AND done_at < now() - make_interval(secs => %s) LIMIT 10000)",
+                  (node, keep_s))
+
     def results(self, ids: list[int]) -> list[dict[str, Any]]:
         return self._all("SELECT id, node, answer, error FROM {s}.request WHERE id = ANY(%s) "
                          "AND done_at IS NOT NULL", (ids,))

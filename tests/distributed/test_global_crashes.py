@@ -166,3 +166,21 @@ def test_connections_cut_at_each_step_leave_nothing_torn(world: World, where: st
     assert proc.returncode in (0, 1), (proc.returncode, out, err)
     state = _all_or_nothing(world, tid)
     assert state == ("committed" if proc.returncode == 0 else "aborted"), (out, err)
+
+
+def test_a_transaction_left_active_past_its_timeout_is_aborted_by_the_nodes(
+        world: World) -> None:
+    """No coordinator ever commits (the agent went away while staging): once the global
+    timeout passes, a node aborts it in the store and every workspace aborts its part."""
+    world.workspace("a", {"f.txt": "a old\n"})
+    world.workspace("b", {"f.txt": "b old\n"})
+    status, out = world.cli("begin", "--global", "--timeout-ms", "5000")
+    assert status == 0, out
+    tid = out["tid"]
+    for name in ("a", "b"):
+        assert world.cli("stage-write", "--tid", tid, "--workspace", name, "--path", "f.txt",
+                         "--content", f"{name} new\n")[0] == 0
+    assert _all_or_nothing(world, tid) == "aborted"
+    assert world.gtx(tid)["code"] == "timeout"
+    status, out = world.cli("commit", "--tid", tid)
+    assert status == 2 and out["error"]["code"] == "bad_state", out

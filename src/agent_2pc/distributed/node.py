@@ -116,7 +116,10 @@ class Node:
                     pass
                 now = time.monotonic()
                 if now >= next_resolve:
-                    self.resolve()
+                    try:
+                        self.resolve()
+                    except StoreUnavailable:
+                        pass  # the store is away: the next round tries again
                     next_resolve = now + self.resolve_ms / 1000
                 self._wait(min(self.poll_ms / 1000, max(0.0, next_resolve - now)))
             self._stopped.set()
@@ -157,14 +160,27 @@ class Node:
 
         import psycopg
 
+        held_before = self._listen is not None
         if self._listen is not None:
             self._listen.close()
         self._listen = None
         conn = self.store.connect()
         key = int.from_bytes(hashlib.sha256(f"{self.store.schema}\0{self.name}".encode())
                              .digest()[:4], "big")
-        got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                           (_NODE_LOCK_BASE, key - (1 << 31))).fetchone()
+        # After a cut connection our old backend may still be exiting (and holding the lock)
+        # for a moment: wait for it, bounded.
+        deadline = time.monotonic() + (10.0 if held_before else 0.0)
+        try:
+            while True:
+                got = conn.execute("SELECT pg_try_advisory_lock(%s, %s)",
+                                   (_NODE_LOCK_BASE, key - (1 << 31))).fetchone()
+                if (got and got[0]) or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+        except psycopg.Error as exc:
+            conn.close()
+            raise StoreUnavailable(f"the store ({self.store.where}) was lost: "
+                                   f"{str(exc).strip()}") from None
         if not got or not got[0]:
             conn.close()
             row = self.store.node(self.name) or {}

@@ -192,6 +192,10 @@ def test_abort_commit_timeout_boot_and_the_reaper_never_end_a_prepared_transacti
     assert Reaper(fresh.engine, threading.RLock()).run_once() == {"reaped": []}
     rc, out = run(root, "status")
     assert out["in_doubt"][0]["tid"] == tx.tid, out
+    rc, out = run(root, "status", "--tid", tx.tid)
+    row = out["transactions"][0]
+    assert row["state"] == "prepared" and row["coordinator"] == COORD, row
+    assert "expires_at" not in row  # its timeout no longer applies
     assert (root / "mod1.txt").read_bytes() == b"one\ntwo\nthree\n"
     rc, out = run(root, "decide", "--tid", tx.tid, "commit")
     assert rc == 0 and out["state"] == "committed", out

@@ -607,7 +607,7 @@ class Staging:
             row["savepoints"] = [s[0] for s in tx.savepoints]
             if tx.origin is not None:
                 row["origin"] = tx.origin  # imported from a bundle (coordinator/bundles.py)
-            if tx.deadline_ms:
+            if tx.deadline_ms and tx.coordinator is None:  # a prepared one never expires
                 row["expires_at"] = iso_ms(tx.deadline_ms)
             if tx.reason:
                 row["code"], row["reason"] = tx.code, tx.reason

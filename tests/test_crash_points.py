@@ -193,6 +193,11 @@ COVERED_IN = {
     "sql.after_prepare": "tests/test_postgres_sql.py",
     "sql.after_commit_prepared": "tests/test_postgres_sql.py",
     "undo.after_stage": "tests/test_undo_and_log.py",
+    "global.after_votes": "tests/distributed/test_global_crashes.py",
+    "global.after_decision": "tests/distributed/test_global_crashes.py",
+    "node.after_vote": "tests/distributed/test_global_crashes.py",
+    "node.before_decide": "tests/distributed/test_global_crashes.py",
+    "node.after_decide": "tests/distributed/test_global_crashes.py",
     "vote.before_record": "tests/test_vote_decide.py",
     "vote.after_record": "tests/test_vote_decide.py",
 }

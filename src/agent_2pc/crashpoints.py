@@ -50,6 +50,13 @@ POINTS: dict[str, str] = {
     "undo.after_stage": "an undo transaction is staged (from what the undone one put); not "
     "committed",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
+    "global.after_votes": "every workspace of a global transaction voted yes; no decision in "
+    "the store",
+    "global.after_decision": "the store holds the global commit decision; no workspace told",
+    "node.after_vote": "a node's workspace voted yes (durable); the vote not in the store",
+    "node.before_decide": "a node took a decision request; its workspace not decided yet",
+    "node.after_decide": "a node's workspace carried out the decision; not recorded in the "
+    "store",
 }
 
 _EXIT_STATUS = 137

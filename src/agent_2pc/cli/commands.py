@@ -9,6 +9,7 @@ import json
 import os
 
 from ..errors import UsageError
+from . import distributed
 from .args import FLAG, MULTI, Command, Opt, int_arg
 from .bundle import EXPORT, IMPORT
 from .daemon import DAEMON
@@ -75,6 +76,8 @@ def text_trust(r: dict[str, Any]) -> str:
 
 
 def run_begin(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    if args["global"]:
+        return distributed.begin(args)
     tx = ctx.client().begin(timeout_ms=args["timeout_ms"], label=args["label"],
                             git_branch=args["git_branch"])
     return {"tid": tx.tid} if args["git_branch"] is None else \
@@ -217,6 +220,8 @@ def run_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_status(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    if distributed.is_global(args["tid"]):
+        return distributed.status(args)
     return ctx.client().status(args["tid"])
 
 
@@ -643,4 +648,7 @@ COMMANDS: tuple[Command, ...] = (
     HOOK,
     MCP,
     DAEMON,
+    distributed.NODE,
+    distributed.NODES,
 )
+distributed.extend(COMMANDS)

@@ -422,8 +422,15 @@ def text_transactions(r: dict[str, Any]) -> str:
     lines = []
     for t in rows:
         label = f"  {t['label']}" if t.get("label") else ""
-        lines.append(f"{t['tid']}  {t['state']:<10} {t.get('ops', 0):>4} ops  "
-                     f"{t.get('created_at') or ''}{label}")
+        if "workspaces" in t:  # a global transaction (docs/distributed.md)
+            size = f"{len(t['workspaces']):>4} workspace{'s' if len(t['workspaces']) != 1 else ''}"
+        else:
+            size = f"{t.get('ops', 0):>4} ops"
+        lines.append(f"{t['tid']}  {t['state']:<10} {size}  {t.get('created_at') or ''}{label}")
+        for w in t.get("workspaces", []) if len(rows) == 1 else []:
+            done = " (done)" if w.get("done") else ""
+            lines.append(f"    {w['workspace']:<16} {w.get('local_tid') or '-'}  vote "
+                         f"{w.get('vote') or '-'}  {w.get('outcome') or ''}{done}")
         for f in t.get("files", []) if len(rows) == 1 else []:
             lines.append(f"    {f['op']:<6} {f['path']}" if isinstance(f, dict) else f"    {f}")
         if len(rows) == 1 and t.get("reason"):

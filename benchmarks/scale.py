@@ -288,22 +288,53 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
 # --- (c) long histories -------------------------------------------------------------------------
 
 def grow_history(root: str, n: int, templates: list[bytes]) -> None:
-    """Append ``n`` finished transactions to history.jsonl, made from real compacted lines with
-    fresh tids (what compaction would have written after ``n`` commits)."""
+    """Give the workspace ``n`` finished transactions, as compaction would have left them:
+    real compacted lines with fresh tids, chained (storage/history.py ``seal``), in sealed
+    segments of the default size plus the open history.jsonl (storage/history_store.py)."""
     if n <= 0:
         return
+    from agent_2pc.storage import history, history_store
+
     path = os.path.join(root, ".agent-tx", "history.jsonl")
-    tids = [json.loads(t)["tid"] for t in templates]
-    with open(path, "ab") as f:
-        buf = []
-        for i in range(n):
-            k = i % len(templates)
-            new = f"{tids[k].rpartition('-')[0]}-{i:06x}"  # tx-YYYYMMDD-HHMMSS-hex6
-            buf.append(templates[k].replace(tids[k].encode(), new.encode()))
-            if len(buf) >= 10000:
-                f.write(b"".join(buf))
-                buf.clear()
-        f.write(b"".join(buf))
+    store = history_store.Store(path, os.path.join(root, ".agent-tx", "history.head"))
+    lines = [json.loads(t) for t in templates]
+    prev = store.start_hash() or history.GENESIS
+    size, batch = 0, []
+    for i in range(n):
+        line = dict(lines[i % len(lines)])
+        line["tid"] = f"{line['tid'].rpartition('-')[0]}-{i:06x}"  # tx-YYYYMMDD-HHMMSS-hex6
+        batch.append(line)
+        if len(batch) >= 2000 or i == n - 1:
+            sealed = history.seal(batch, prev)
+            prev = sealed[-1]["hash"]
+            data = "".join(json.dumps(x, ensure_ascii=False, separators=(",", ":")) + "\n"
+                           for x in sealed).encode()
+            with open(path, "ab") as f:
+                f.write(data)
+            size += len(data)
+            batch = []
+            if size >= history_store.SEGMENT_BYTES:
+                store.seal(keep=0)
+                size = 0
+
+
+def _oldest_tid(root: str) -> str:
+    from agent_2pc.storage import history_store
+
+    store = history_store.Store(os.path.join(root, ".agent-tx", "history.jsonl"))
+    segments = store.index()["segments"]
+    path = store.segment_path(segments[0]["seq"]) if segments else store.current
+    with open(path, "rb") as f:
+        return str(json.loads(f.readline())["tid"])
+
+
+def _history_bytes(root: str) -> int:
+    d = os.path.join(root, ".agent-tx")
+    total = os.path.getsize(os.path.join(d, "history.jsonl")) if os.path.exists(
+        os.path.join(d, "history.jsonl")) else 0
+    if os.path.isdir(os.path.join(d, "history")):
+        total += sum(e.stat().st_size for e in os.scandir(os.path.join(d, "history")))
+    return total
 
 
 def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
@@ -332,12 +363,11 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
             t0 = C.now()
             grow_history(root, level, templates)
             gen_s = C.now() - t0
-            oldest = None
-            if level:
-                with open(os.path.join(root, ".agent-tx", "history.jsonl"), "rb") as f:
-                    oldest = json.loads(f.readline())["tid"]
+            oldest = _oldest_tid(root) if level else None
             C.log(f"(c) {level} finished transactions (generated in {gen_s:.1f} s)")
-            spaces[level] = {"root": root, "env": dict(env, AGENT2PC_ROOT=root),
+            # Keep the whole history (no retention): the cost of a step whatever its length.
+            spaces[level] = {"root": root, "env": dict(env, AGENT2PC_ROOT=root,
+                                                       AGENT2PC_HISTORY_KEEP="0"),
                              "oldest": oldest, "gen_s": gen_s,
                              "s": {k: [] for k in ("begin", "stage_write", "commit",
                                                    "begin_stage_commit", "status", "list",
@@ -376,11 +406,9 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                     if k != "status_old_tid" or level:
                         s[k].append(v)
         for level, sp in spaces.items():
-            hist = os.path.join(sp["root"], ".agent-tx", "history.jsonl")
             out["levels"][str(level)] = {
                 "generate_s": round(sp["gen_s"], 2), "runs": runs,
-                "history_mib": round(os.path.getsize(hist) / MIB, 1)
-                if os.path.exists(hist) else 0,
+                "history_mib": round(_history_bytes(sp["root"]) / MIB, 1),
                 **{f"{k}_ms": median_ms(v) for k, v in sp["s"].items() if v}}
             delete_later(sp["root"])
     levels = list(out["levels"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+from ..core.paging import LIST_LIMIT
 from ..errors import UsageError
 from ..storage.workspace import init as init_workspace
 from ._locate import check_writable, locate_root
@@ -132,8 +133,12 @@ class Agent2PC:
     def compact(self) -> dict[str, Any]:
         return self.engine.compact()
 
-    def transactions(self, state: str | None = None) -> list[dict[str, Any]]:
-        return self.engine.transactions(state)
+    def transactions(self, state: str | None = None, *, limit: int | None = LIST_LIMIT,
+                     before: str | None = None) -> list[dict[str, Any]]:
+        """The ``limit`` newest transactions (None: all), oldest first: finished ones in the
+        order they finished, then the live ones. The next page, older: ``before=`` the first
+        row's tid. Reads the history from its end, as far as the page needs."""
+        return self.engine.transactions(state, limit=limit, before=before)
 
     def undo(self, tid: str) -> dict[str, Any]:
         """Take back the committed transaction ``tid`` as a new transaction: each file it

@@ -385,3 +385,20 @@ def test_steps_that_run_commands_work_beside_the_daemon(root: str, tmp_path: Any
         assert f.read() == b"\x00from a file\xff"
     with open(os.path.join(root, "batch.txt")) as f:
         assert f.read() == "from a manifest\n"
+
+
+def test_a_big_daemon_log_is_set_aside_at_start_so_it_stays_bounded(root: str) -> None:
+    log = os.path.join(root, ".agent-tx", "daemon.log")
+    old = b"an old line\n" * (200_000)  # 2.4 MiB, over the 1 MiB bound
+    with open(log, "wb") as f:
+        f.write(old)
+    with open(log + ".1", "wb") as f:
+        f.write(b"the one before\n")
+    status, _ = cli(root, "daemon", "start")
+    try:
+        assert status == 0
+        with open(log + ".1", "rb") as f:
+            assert f.read() == old  # the previous .1 replaced
+        assert os.path.getsize(log) < 1 << 20
+    finally:
+        assert cli(root, "daemon", "stop")[0] == 0

@@ -3,8 +3,9 @@
 Compaction writes (and fsyncs) the lines before it drops the transactions' records from the
 log. A crash in between leaves lines that the next compaction finds at the end of the file
 and does not write again; a line cut short by a crash (no newline yet) is cut off before the
-next append (its transaction is still in the log). Readers keep the last line of a tid. Lookups
-by tid scan the file, which only happens for transactions no longer in the log.
+next append (its transaction is still in the log). Readers keep the last line of a tid.
+Reading from the end, finding a tid, sealing the file into segments and retention are
+history_store.py's.
 
 The lines form a hash chain (docs/format.md, "history.jsonl"): each line carries ``prev``, the
 ``hash`` of the line before it, and its own ``hash``, the SHA-256 of the canonical JSON (RFC

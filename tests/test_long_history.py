@@ -276,3 +276,19 @@ def test_a_crash_while_sealing_or_trimming_leaves_a_readable_history(root, clien
     assert names == {os.path.basename(store.segment_path(s["seq"])) for s in index["segments"]}
     seen = [r["tid"] for r in Agent2PC(root).transactions(limit=None)]
     assert len(seen) == len(set(seen)) and seen[-2:] and seen[-3] == tids[-1]
+
+
+def test_the_monitor_reads_the_sealed_segments_too(root, client, small_segments):
+    from agent_2pc.coordinator.monitor import _History
+
+    tids = _commit(client, 30)
+    client.compact()
+    assert Store(_history(root)).index()["segments"]
+    seen = _History(_history(root))
+    seen.poll()
+    assert list(seen.states) == tids
+    tids += _commit(client, 12)  # sealed again: history.jsonl is a new file
+    client.compact()
+    seen.poll()
+    assert list(seen.states) == tids
+    assert seen.entry(tids[0])["tid"] == tids[0]

@@ -11,8 +11,9 @@ every figure next to a baseline measured in the same run, and the growth factors
                   plus ``commit``, against the same command run on disk followed by
                   ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file).
   c  history      step latency (CLI ``begin`` + ``stage-write`` + ``commit``; ``status``;
-                  ``list``; ``status --tid`` of the oldest transaction) at 0 / 10k / 1M
-                  finished transactions (history.jsonl generated from real compacted lines).
+                  ``list``; ``status --tid`` of the oldest and of the middle transaction) at
+                  0 / 10k / 1M finished transactions (the history generated from real
+                  compacted lines, as compaction leaves it).
   d  agents       1 / 10 / 50 agent processes on one workspace, each staging and committing one
                   file per transaction through the library: throughput and latency p50/p99.
   e  view         the staged view's setup (``StagedView.run(["true"])`` + capture, and the
@@ -290,7 +291,8 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
 def grow_history(root: str, n: int, templates: list[bytes]) -> None:
     """Give the workspace ``n`` finished transactions, as compaction would have left them:
     real compacted lines with fresh tids, chained (storage/history.py ``seal``), in sealed
-    segments of the default size plus the open history.jsonl (storage/history_store.py)."""
+    segments of the default size plus the open history.jsonl (storage/history_store.py). The
+    tids grow with time as real ones do: 50 transactions a second from 2026-01-01."""
     if n <= 0:
         return
     from agent_2pc.storage import history, history_store
@@ -302,7 +304,8 @@ def grow_history(root: str, n: int, templates: list[bytes]) -> None:
     size, batch = 0, []
     for i in range(n):
         line = dict(lines[i % len(lines)])
-        line["tid"] = f"{line['tid'].rpartition('-')[0]}-{i:06x}"  # tx-YYYYMMDD-HHMMSS-hex6
+        line["tid"] = time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime(T0 + i // 50)) + (
+            f"{i:06x}")  # tx-YYYYMMDD-HHMMSS-hex6
         batch.append(line)
         if len(batch) >= 2000 or i == n - 1:
             sealed = history.seal(batch, prev)
@@ -316,6 +319,9 @@ def grow_history(root: str, n: int, templates: list[bytes]) -> None:
             if size >= history_store.SEGMENT_BYTES:
                 store.seal(keep=0)
                 size = 0
+
+
+T0 = 1767225600  # 2026-01-01T00:00:00Z
 
 
 def _oldest_tid(root: str) -> str:
@@ -369,9 +375,11 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
             spaces[level] = {"root": root, "env": dict(env, AGENT2PC_ROOT=root,
                                                        AGENT2PC_HISTORY_KEEP="0"),
                              "oldest": oldest, "gen_s": gen_s,
+                             "middle": time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime(
+                                 T0 + level // 2 // 50)) + f"{level // 2:06x}",
                              "s": {k: [] for k in ("begin", "stage_write", "commit",
                                                    "begin_stage_commit", "status", "list",
-                                                   "status_old_tid")}}
+                                                   "status_old_tid", "status_mid_tid")}}
         os.sync()
         runs = mode["step_runs"]
         levels = list(spaces)
@@ -398,12 +406,16 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                 if level:
                     sh([console, "status", "--tid", sp["oldest"]], env=wenv)
                 t6 = C.now()
+                if level:
+                    sh([console, "status", "--tid", sp["middle"]], env=wenv)
+                t7 = C.now()
                 if i < warm:
                     continue
                 for k, v in (("begin", t1 - t0), ("stage_write", t2 - t1), ("commit", t3 - t2),
                              ("begin_stage_commit", t3 - t0), ("status", t4 - t3),
-                             ("list", t5 - t4), ("status_old_tid", t6 - t5)):
-                    if k != "status_old_tid" or level:
+                             ("list", t5 - t4), ("status_old_tid", t6 - t5),
+                             ("status_mid_tid", t7 - t6)):
+                    if not k.startswith("status_") or k == "status" or level:
                         s[k].append(v)
         for level, sp in spaces.items():
             out["levels"][str(level)] = {

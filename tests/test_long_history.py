@@ -292,3 +292,13 @@ def test_the_monitor_reads_the_sealed_segments_too(root, client, small_segments)
     seen.poll()
     assert list(seen.states) == tids
     assert seen.entry(tids[0])["tid"] == tids[0]
+
+
+def test_listing_live_transactions_does_not_read_the_history(root, client, monkeypatch):
+    _commit(client, 2)
+    client.compact()
+    _grow(root, 5_000)
+    live = client.begin(label="live")
+    counted = _Counted(monkeypatch)
+    assert [r["tid"] for r in Agent2PC(root).transactions("active")] == [live.tid]
+    assert counted.bytes == 0

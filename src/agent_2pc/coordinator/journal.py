@@ -180,7 +180,10 @@ class Journal:
                 break
             if want(row):
                 rows.append(row)
-        if finished and (limit is None or len(rows) < limit):
+        # The history holds finished transactions only: a filter on another state stops here
+        # (a filter on a finished state reads back until its page is full).
+        if finished and (state is None or state in FINISHED) and (
+                limit is None or len(rows) < limit):
             for entry in self.history.newest_first(start):
                 if entry["tid"] in seen:
                     continue

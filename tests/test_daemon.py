@@ -19,7 +19,7 @@ from daemonkit import DaemonProc, wait_for
 
 from agent_2pc import Agent2PC
 from agent_2pc.daemon import protocol
-from agent_2pc.errors import DaemonUnavailable, TransactionAborted
+from agent_2pc.errors import DaemonUnavailable, TransactionAborted, UnknownTid, UsageError
 
 TID = re.compile(r"tx-\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -402,3 +402,23 @@ def test_a_big_daemon_log_is_set_aside_at_start_so_it_stays_bounded(root: str) -
         assert os.path.getsize(log) < 1 << 20
     finally:
         assert cli(root, "daemon", "stop")[0] == 0
+
+
+def test_the_daemon_pages_the_list_as_the_library_does(root: str) -> None:
+    direct = Agent2PC(root, daemon=False)
+    tids = []
+    for i in range(3):
+        tx = direct.begin(label=f"p{i}")
+        tx.commit()
+        tids.append(tx.tid)
+    with DaemonProc(root):
+        client = Agent2PC(root)
+        assert client.via_daemon
+        assert [r["tid"] for r in client.transactions(limit=2)] == tids[1:]
+        assert [r["tid"] for r in client.transactions(limit=2, before=tids[1])] == tids[:1]
+        with pytest.raises(UnknownTid):
+            client.transactions(before="tx-20000101-000000-abcdef")
+        with pytest.raises(UsageError):
+            client.transactions(limit=0)
+        client.close()
+    direct.close()

@@ -21,7 +21,7 @@ from ..core.states import COMMITTED, FINISHED, IllegalTransition, Tx, apply_reco
 from ..errors import CorruptWal, UnknownTid
 from ..storage import history
 from ..storage.durable import fsync_dir
-from ..storage.history_store import Store
+from ..storage.history_store import NotInHistory, Store
 from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log, PausedGc
 from ..storage.workspace import log_check
@@ -161,16 +161,15 @@ class Journal:
         in_log = [tx.summary() for tx in done + live]
         rows: list[dict[str, Any]] = []
         seen = {r["tid"] for r in in_log}
-        start: tuple[int | None, int] | None = None
+        older_than: str | None = None  # the history's lines older than this tid's
         if before is not None:
             at = next((i for i, r in enumerate(in_log) if r["tid"] == before), None)
             if at is not None:
                 in_log = in_log[:at]
+            elif not finished:
+                raise UnknownTid(f"no transaction {before} in this workspace", tid=before)
             else:
-                found = self.history.locate(before) if finished else None
-                if found is None:
-                    raise UnknownTid(f"no transaction {before} in this workspace", tid=before)
-                start, in_log = found[0], []
+                older_than, in_log = before, []
 
         def want(row: dict[str, Any]) -> bool:
             return state is None or row["state"] == state
@@ -184,14 +183,21 @@ class Journal:
         # (a filter on a finished state reads back until its page is full).
         if finished and (state is None or state in FINISHED) and (
                 limit is None or len(rows) < limit):
-            for entry in self.history.newest_first(start):
-                if entry["tid"] in seen:
-                    continue
-                row = {k: entry.get(k) for k in ("tid", "state", "label", "created_at", "ops")}
-                if want(row):
-                    rows.append(row)
-                    if limit is not None and len(rows) >= limit:
-                        break
+            try:
+                for entry in self.history.newest_first(older_than):
+                    if entry["tid"] in seen:
+                        continue
+                    row = {k: entry.get(k) for k in ("tid", "state", "label", "created_at",
+                                                     "ops")}
+                    if want(row):
+                        rows.append(row)
+                        if limit is not None and len(rows) >= limit:
+                            break
+            except NotInHistory:
+                raise UnknownTid(f"no transaction {before} in this workspace",
+                                 tid=before) from None
+        elif older_than is not None and self.history.lookup(older_than) is None:
+            raise UnknownTid(f"no transaction {before} in this workspace", tid=before)
         rows.reverse()
         return rows
 

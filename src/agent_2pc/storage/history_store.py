@@ -77,6 +77,30 @@ def _complete_end(fd: int) -> int:
     return size
 
 
+class NotInHistory(LookupError):
+    """``before`` names no line of the history."""
+
+
+def _may_hold(seg: dict[str, Any] | None, tid: str) -> bool:
+    """Can the segment hold ``tid`` (history.jsonl: always)?"""
+    return seg is None or str(seg.get("min", "")) <= tid <= str(seg.get("max", "\uffff"))
+
+
+def _find(fd: int, end: int, tid: str) -> tuple[int, dict[str, Any]] | None:
+    """(offset, line) of the latest line of ``tid`` in the file's first ``end`` bytes."""
+    needle = f'"tid":"{tid}"'.encode()
+    data = _pread(fd, end, 0)
+    at = data.rfind(needle)
+    while at != -1:
+        start = data.rfind(b"\n", 0, at) + 1
+        stop = data.find(b"\n", at)
+        obj = parse(data[start:stop if stop != -1 else None])
+        if obj is not None and obj["tid"] == tid:
+            return start, obj
+        at = data.rfind(needle, 0, at)
+    return None
+
+
 def parse(line: bytes) -> dict[str, Any] | None:
     try:
         obj = json.loads(line)
@@ -131,11 +155,11 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def files_newest_first(self) -> Iterator[tuple[int | None, int]]:
-        """(seq or None for history.jsonl, an open fd), newest first; each fd is closed when
-        the next one is asked for. The open segment is opened before the index is read: a
-        seal in between makes a segment seen twice (the caller keeps a tid once), never
-        missed."""
+    def files_newest_first(self) -> Iterator[tuple[dict[str, Any] | None, int]]:
+        """(the segment's index entry, or None for history.jsonl; an open fd), newest first;
+        each fd is closed when the next one is asked for. The open segment is opened before
+        the index is read: a seal in between makes a segment seen twice (the caller keeps a
+        tid once), never missed."""
         try:
             fd = os.open(self.current, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -153,59 +177,42 @@ class Store:
             except FileNotFoundError:
                 continue  # cut by retention meanwhile, or a seal not finished
             try:
-                yield seg["seq"], fd
+                yield seg, fd
             finally:
                 os.close(fd)
 
-    def newest_first(self, start: tuple[int | None, int] | None = None
+    def newest_first(self, before: str | None = None
                      ) -> Generator[dict[str, Any], None, None]:
-        """The history's lines, newest first, a tid once (its latest line). From ``start``
-        (seq, offset): the lines before that line of that segment, then older segments."""
+        """The history's lines, newest first, a tid once (its latest line). With ``before``:
+        the lines older than the latest line of that tid (found as ``locate`` finds it, in
+        the same open files); NotInHistory if it is not there."""
         seen: set[str] = set()
-        started = start is None
-        for seq, fd in self.files_newest_first():
+        found = before is None
+        for seg, fd in self.files_newest_first():
             end = _complete_end(fd)
-            if not started:
-                if seq != start[0]:  # type: ignore[index]
+            if not found:
+                hit = _find(fd, end, str(before)) if _may_hold(seg, str(before)) else None
+                if hit is None:
                     continue
-                started, end = True, start[1]  # type: ignore[index]
+                found, end = True, hit[0]
             for _, line in _lines_backward(fd, end):
                 obj = parse(line)
                 if obj is None or obj["tid"] in seen:
                     continue
                 seen.add(obj["tid"])
                 yield obj
-
-    def locate(self, tid: str) -> tuple[tuple[int | None, int], dict[str, Any]] | None:
-        """((seq, offset), line) of the latest line of ``tid``, or None. Reads the open
-        segment and the sealed ones whose tid range holds ``tid``."""
-        needle = f'"tid":"{tid}"'.encode()
-        for seq, fd in self._candidates(tid):
-            end = _complete_end(fd)
-            data = _pread(fd, end, 0)
-            at = data.rfind(needle)
-            while at != -1:
-                start = data.rfind(b"\n", 0, at) + 1
-                stop = data.find(b"\n", at)
-                obj = parse(data[start:stop if stop != -1 else None])
-                if obj is not None and obj["tid"] == tid:
-                    return (seq, start), obj
-                at = data.rfind(needle, 0, at)
-        return None
+        if not found:
+            raise NotInHistory(before)
 
     def lookup(self, tid: str) -> dict[str, Any] | None:
-        found = self.locate(tid)
-        return None if found is None else found[1]
-
-    def _candidates(self, tid: str) -> Iterator[tuple[int | None, int]]:
-        ranges = {s["seq"]: (s.get("min", ""), s.get("max", "\uffff"))
-                  for s in self.index()["segments"]}
-        for seq, fd in self.files_newest_first():
-            if seq is not None:
-                low, high = ranges.get(seq, ("", "\uffff"))
-                if not low <= tid <= high:
-                    continue
-            yield seq, fd
+        """The latest line of ``tid``, or None. Reads the open segment and the sealed ones
+        whose tid range holds ``tid``."""
+        for seg, fd in self.files_newest_first():
+            if _may_hold(seg, tid):
+                hit = _find(fd, _complete_end(fd), tid)
+                if hit is not None:
+                    return hit[1]
+        return None
 
     # -- sealing and retention (the caller holds the log's lock) ---------------------------
 

@@ -187,6 +187,7 @@ def verify(path: str, head: str | None = None) -> dict[str, int]:
     base = index.get("base")
     state = _Chain(str(base["hash"]) if base and base.get("hash") else None)
     segments = index["segments"]
+    sealed_end: tuple[int, str | None] | None = None  # the last sealed segment's (size, hash)
     for i, seg in enumerate(segments):
         try:
             with open(store.segment_path(seg["seq"]), "rb") as f:
@@ -197,6 +198,7 @@ def verify(path: str, head: str | None = None) -> dict[str, int]:
             raise ChainBroken(state.n + 1, None, f"sealed segment {seg['seq']} of the "
                               "history is missing (removed by hand?)") from None
         state.feed(data)
+        sealed_end = (len(data), state.prev)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -207,7 +209,7 @@ def verify(path: str, head: str | None = None) -> dict[str, int]:
         ends[0] = state.prev
     end = state.feed(data, ends)
     if head is not None:
-        _check_head(head, ends, end, state.n)
+        _check_head(head, ends, end, state.n, sealed_end)
     out = {"verified": state.verified, "unchained": state.unchained}
     if base:
         out["trimmed"] = int(base.get("lines") or 0)
@@ -255,13 +257,16 @@ class _Chain:
         return end
 
 
-def _check_head(head: str, ends: dict[int, str], size: int, lines: int) -> None:
+def _check_head(head: str, ends: dict[int, str], size: int, lines: int,
+                sealed_end: tuple[int, str | None] | None = None) -> None:
     try:
         with open(head, "rb") as f:
             mark = json.loads(f.read())
         want, last = int(mark["bytes"]), str(mark["hash"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return  # no head (no chained append yet, or lost): the chain alone
+    if sealed_end == (want, last):
+        return  # the head of the file that was sealed since (a crash before the head moved)
     if want > size:
         raise ChainBroken(lines + 1, None, f"the history ends at byte {size}, but it held "
                           f"{want} bytes after the latest compaction (lines were cut off "

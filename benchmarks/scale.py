@@ -16,8 +16,10 @@ every figure next to a baseline measured in the same run, and the growth factors
                   compacted lines, as compaction leaves it).
   d  agents       1 / 10 / 50 agent processes on one workspace, each staging and committing one
                   file per transaction through the library: throughput and latency p50/p99.
-  e  view         the staged view's setup (``StagedView.run(["true"])`` + capture, and the
-                  ``setup_ms`` it reports) on trees of 20k and 200k files.
+  e  view         the staged view on trees of 20k and 200k files, per tier (overlay,
+                  fuse-overlayfs): ``StagedView.run(["true"])`` + capture and the ``setup_ms``
+                  it reports; the CLI's ``stage-cmd`` and ``exec`` of ``true`` against its
+                  ``status`` (one process start).
 
     python benchmarks/scale.py            # everything, full sizes (past 15 min where a file
                                           # commit costs 10 ms, as in docs/benchmarks.md)
@@ -506,12 +508,18 @@ def build_tree(root: str, n: int) -> None:
 
 
 def section_view(mode: dict, python: str, env: dict, console: str) -> dict:
+    """The staged view on big trees, per tier that this host offers (overlay, fuse-overlayfs;
+    the copy tier only when neither is there: it copies the tree, linear by design): the
+    library's ``StagedView.run(["true"])`` + capture, the ``setup_ms`` it reports, and the
+    CLI's ``stage-cmd --command true`` and ``exec -- true`` against the CLI's ``status`` (one
+    process start, the baseline) and a plain ``true``."""
     from agent_2pc import Agent2PC
     from agent_2pc.isolation import StagedView, probe_tiers
 
     probe = probe_tiers()
-    tier = next((t for t in ("overlay", "userns-copy", "copy") if probe.get(t) is None), None)
-    out: dict = {"tier": tier, "tiers_available": probe, "sizes": {}}
+    tiers = [t for t in ("overlay", "fuse-overlayfs") if probe.get(t) is None] or (
+        ["copy"] if probe.get("copy") is None else [])
+    out: dict = {"tiers": tiers, "tiers_available": probe, "sizes": {}}
     runs = {"full": 9, "quick": 5, "smoke": 2}[mode["name"]]
     with Scratch("view") as d:
         for n in mode["view"]:
@@ -526,38 +534,56 @@ def section_view(mode: dict, python: str, env: dict, console: str) -> dict:
                 tx.stage_write(f"p000/d{k:03d}/f{k * FILES_PER_DIR:07d}.txt", f"staged {k}\n")
             tx.stage_write("newdir/new.txt", "new\n")
             os.sync()
-            C.log(f"(e) {n} files (built in {built:.1f} s), tier {tier}: {runs} runs")
-            crit, setup, true_s = [], [], []
-            for i in range(runs + 1):
-                t = C.now()
-                subprocess.run(["true"], check=True)
-                tt = C.now() - t
-                t = C.now()
-                view = StagedView(root, client.engine.txs[tx.tid].changes(),
-                                  client.engine.blobs, tier=tier)
-                res = view.run(["true"], timeout_s=600)
-                view.capture()
-                dt = C.now() - t
-                view.close()
-                if res.exit_code != 0:
-                    raise SystemExit(f"true failed in the view: {res!r}")
-                if i:
-                    crit.append(dt)
-                    setup.append((res.setup_ms or 0.0) / 1000)
-                    true_s.append(tt)
-            out["sizes"][str(n)] = {"build_s": round(built, 1), "runs": runs,
-                                    "view_true_capture_ms": median_ms(crit),
-                                    "setup_ms": median_ms(setup),
-                                    "plain_true_ms": median_ms(true_s)}
+            size: dict = {"build_s": round(built, 1), "runs": runs}
+            for tier in tiers:
+                C.log(f"(e) {n} files (built in {built:.1f} s), tier {tier}: {runs} runs")
+                wenv = dict(env, AGENT2PC_ROOT=root, AGENT2PC_ISOLATION=tier)
+                s: dict[str, list[float]] = {k: [] for k in (
+                    "view", "setup", "true", "status", "stage_cmd", "exec")}
+                for i in range(runs + 1):
+                    t = C.now()
+                    subprocess.run(["true"], check=True)
+                    tt = C.now() - t
+                    t = C.now()
+                    view = StagedView(root, client.engine.txs[tx.tid].changes(),
+                                      client.engine.blobs, tier=tier)
+                    res = view.run(["true"], timeout_s=600)
+                    view.capture()
+                    dt = C.now() - t
+                    view.close()
+                    if res.exit_code != 0:
+                        raise SystemExit(f"true failed in the view: {res!r}")
+                    t = C.now()
+                    sh([console, "status", "--tid", tx.tid], env=wenv)
+                    st = C.now() - t
+                    t = C.now()
+                    sh([console, "stage-cmd", "--tid", tx.tid, "--command", "true"], env=wenv)
+                    sc = C.now() - t
+                    t = C.now()
+                    sh([console, "exec", "--tid", tx.tid, "--", "true"], env=wenv)
+                    ex = C.now() - t
+                    if i:  # the first round only warms up
+                        for k, v in (("view", dt), ("setup", (res.setup_ms or 0.0) / 1000),
+                                     ("true", tt), ("status", st), ("stage_cmd", sc),
+                                     ("exec", ex)):
+                            s[k].append(v)
+                size[tier] = {"view_true_capture_ms": median_ms(s["view"]),
+                              "setup_ms": median_ms(s["setup"]),
+                              "plain_true_ms": median_ms(s["true"]),
+                              "cli_status_ms": median_ms(s["status"]),
+                              "cli_stage_cmd_ms": median_ms(s["stage_cmd"]),
+                              "cli_exec_ms": median_ms(s["exec"])}
+            out["sizes"][str(n)] = size
             client.close()
             delete_later(root)
     sizes = list(out["sizes"])
     if len(sizes) > 1:
-        a, b = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
-        out["growth"] = {"files_ratio": C.ratio(int(sizes[-1]), int(sizes[0])),
-                         "view_true_capture": C.ratio(b["view_true_capture_ms"],
-                                                      a["view_true_capture_ms"]),
-                         "setup": C.ratio(b["setup_ms"], a["setup_ms"])}
+        out["growth"] = {"files_ratio": C.ratio(int(sizes[-1]), int(sizes[0]))}
+        for tier in tiers:
+            a, b = out["sizes"][sizes[0]][tier], out["sizes"][sizes[-1]][tier]
+            out["growth"][tier] = {k: C.ratio(b[k], a[k]) for k in (
+                "view_true_capture_ms", "setup_ms", "cli_stage_cmd_ms", "cli_exec_ms",
+                "cli_status_ms")}
     return out
 
 

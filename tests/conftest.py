@@ -24,6 +24,7 @@ Fixtures
 Helpers (plain functions, importable as ``from conftest import ...``)
   write(root, rel, data, mode=None)  create a file (parents too); ``data`` str or bytes.
   read(root, rel)                    a file's bytes.
+  read_text(root, rel)               a file's text, or None when it is missing.
   take_snapshot(root)                what the ``snapshot`` fixture returns, for any root.
   parse_one_object(proc)             the single JSON object on a CompletedProcess's stdout,
                                      checked for the contract's ok/error shape.
@@ -76,6 +77,15 @@ def write(root: str, rel: str, data: str | bytes, mode: int | None = None) -> st
 def read(root: str, rel: str) -> bytes:
     with open(os.path.join(root, rel), "rb") as f:
         return f.read()
+
+
+def read_text(root: str, rel: str) -> str | None:
+    """``root/rel``'s text, or None when there is no such file."""
+    try:
+        with open(os.path.join(root, rel)) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def run_cli(args: tuple[Any, ...], *, input: str | bytes | None = None, json_out: bool = False,

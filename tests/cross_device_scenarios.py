@@ -92,6 +92,17 @@ def main(root: str, scenario: str) -> dict[str, object]:
                 os.unlink(os.path.join(root, rel))
         proc = cli(root, "recover")
         out["recover"] = json.loads(proc.stdout)
+    elif scenario.startswith("vote:"):  # voted in one process, decided in another
+        outcome = scenario.split(":", 1)[1]
+        tid = stage(root)
+        coordinator = json.dumps({"gtid": "g-x", "store": "postgresql://h/db"})
+        proc = cli(root, "vote", "--tid", tid, "--coordinator", coordinator)
+        out["vote"] = json.loads(proc.stdout)
+        out["placed_while_in_doubt"] = placed(root)
+        out["in_doubt_tree_unchanged"] = {k: v for k, v in tree(root).items()
+                                          if k not in out["placed_while_in_doubt"]
+                                          } == out["before"]
+        out["decide"] = json.loads(cli(root, "decide", "--tid", tid, outcome).stdout)
     elif scenario == "both_names":  # a file system that kept both names of a rename
         from agent_2pc.coordinator.engine import Engine
 

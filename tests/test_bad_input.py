@@ -209,6 +209,7 @@ TID_COMMANDS = [
     ["record-read", "--path", "a.txt"],
     ["diff"], ["status"], ["savepoint", "--name", "s"], ["rollback-to", "--name", "s"],
     ["commit"], ["abort"],
+    ["vote", "--coordinator", '{"gtid": "g-1"}'], ["decide", "commit"], ["decide", "abort"],
 ]
 
 

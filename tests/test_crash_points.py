@@ -195,6 +195,13 @@ COVERED_IN = {
     "undo.after_stage": "tests/test_undo_and_log.py",
     "history.seal.after_index": "tests/test_long_history.py",
     "history.trim.after_index": "tests/test_long_history.py",
+    "global.after_votes": "tests/distributed/test_global_crashes.py",
+    "global.after_decision": "tests/distributed/test_global_crashes.py",
+    "node.after_vote": "tests/distributed/test_global_crashes.py",
+    "node.before_decide": "tests/distributed/test_global_crashes.py",
+    "node.after_decide": "tests/distributed/test_global_crashes.py",
+    "vote.before_record": "tests/test_vote_decide.py",
+    "vote.after_record": "tests/test_vote_decide.py",
 }
 
 

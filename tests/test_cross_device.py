@@ -106,3 +106,15 @@ def test_a_redo_removes_a_placed_name_that_a_crash_kept_beside_its_target(tmp_pa
     assert out["exit"] == 137 and len(out["placed_after_crash"]) == 3
     assert out["recover"]["rolled_forward"]
     expect_new(out)
+
+
+@pytest.mark.parametrize("outcome", ["commit", "abort"])
+def test_a_vote_places_content_on_the_other_file_system_and_decide_in_another_process_ends_it(
+        tmp_path, outcome):
+    """vote (tests/test_vote_decide.py): the placed content waits beside its targets while the
+    transaction is in doubt; decide commit renames it in, decide abort removes it."""
+    out = run(tmp_path, f"vote:{outcome}")
+    assert out["vote"]["state"] == "prepared", out["vote"]
+    assert len(out["placed_while_in_doubt"]) == 3 and out["in_doubt_tree_unchanged"]
+    assert out["decide"]["state"] == ("committed" if outcome == "commit" else "aborted")
+    expect_new(out) if outcome == "commit" else expect_old(out)

@@ -60,6 +60,10 @@ def samples() -> dict[str, tuple[list[dict[str, Any]], dict[str, Any]]]:
         "rollback": ([*begun, dict(records.savepoint(TID, name="s"))],
                      dict(records.rollback(TID, name="s"))),
         "prepare": (begun, _prepare()),
+        "vote": (prepared, dict(records.vote(
+            TID, pid=1, coordinator={"gtid": "g-1", "store": "postgresql://h/db"},
+            decided={"modes": {"0": 0o644}, "git": {"ref": "refs/heads/main", "old": "a",
+                                                   "new": "b", "prefix": ""}}))),
         "decision": (prepared, dict(records.decision_commit(
             TID, modes={"0": 0o644}, inline={"0": "aGk="}, placed={"0": ""}, code=None,
             reason=None))),

@@ -32,16 +32,22 @@ GOOD = [
     ("decision", {"type": "decision", "tid": "tx-20260101-120000-a1b2c3", "ts": 2,
                   "outcome": "commit"}),
 ]
+# Records pinned one by one (not in the log the bad vectors cut): later kinds.
+MORE = [
+    ("vote", {"type": "vote", "tid": "tx-20260101-120000-a1b2c3", "ts": 3, "pid": 42,
+              "coordinator": {"gtid": "g-1", "store": "postgresql://db.example:5432/coord"},
+              "decided": {"modes": {"0": 420}}}),
+]
 
 
 def _vectors() -> dict:
-    frames = {name: wal_format.encode(rec).hex() for name, rec in GOOD}
+    frames = {name: wal_format.encode(rec).hex() for name, rec in GOOD + MORE}
     log = b"".join(bytes.fromhex(frames[n]) for n, _ in GOOD)
     first = len(bytes.fromhex(frames["begin"]))
     bad_crc = bytearray(log)
     bad_crc[first + 20] ^= 0x01  # a payload byte of the second frame
     return {
-        "good": [{"name": n, "record": r, "hex": frames[n]} for n, r in GOOD],
+        "good": [{"name": n, "record": r, "hex": frames[n]} for n, r in GOOD + MORE],
         "bad": [
             {"name": "torn_tail", "hex": log[: len(log) - 7].hex(), "records": 3,
              "damage_offset": len(log) - len(bytes.fromhex(frames["decision"])),

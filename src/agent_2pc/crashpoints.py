@@ -21,6 +21,10 @@ POINTS: dict[str, str] = {
     "prepare.before_decision": "every participant voted yes and its temp files are synced; "
     "no decision yet",
     "commit.after_decision": "the commit decision is durable; nothing applied",
+    "vote.before_record": "every participant voted yes for an outside coordinator; the vote "
+    "record is not written (recover aborts it)",
+    "vote.after_record": "the yes vote is durable: the transaction is prepared, in doubt "
+    "(recover leaves it to its coordinator's decide)",
     "commit.mid_apply": "after the N-th file operation (rename or unlink) of the apply",
     "commit.before_end": "every file applied and its directory synced; no end record",
     "abort.after_decision": "the abort decision is written; scratch not cleaned",
@@ -50,6 +54,13 @@ POINTS: dict[str, str] = {
     "undo.after_stage": "an undo transaction is staged (from what the undone one put); not "
     "committed",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",
+    "global.after_votes": "every workspace of a global transaction voted yes; no decision in "
+    "the store",
+    "global.after_decision": "the store holds the global commit decision; no workspace told",
+    "node.after_vote": "a node's workspace voted yes (durable); the vote not in the store",
+    "node.before_decide": "a node took a decision request; its workspace not decided yet",
+    "node.after_decide": "a node's workspace carried out the decision; not recorded in the "
+    "store",
 }
 
 _EXIT_STATUS = 137

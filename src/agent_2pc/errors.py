@@ -20,6 +20,7 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- InvalidManifest               invalid_manifest
     |   `-- InvalidBundle                 invalid_bundle   (a .a2pc file import refuses)
     |   `-- BinaryContent                 binary_content   (a merge of a file that is not text)
+    |   `-- UnknownWorkspace              unknown_workspace (no node serves it in the store)
     |-- WorkspaceError      (the workspace or host cannot serve the request as it is)  2
     |   |-- NotInitialized                not_initialized
     |   |-- CorruptWal                    corrupt_wal      (refuse to guess: says where)
@@ -29,6 +30,8 @@ that goes with it. Errors are grouped by what the caller may conclude:
     |   |-- IsolationUnavailable          isolation_unavailable
     |   |-- WorkspaceReadOnly             workspace_read_only (e.g. inside a staged view)
     |   `-- DaemonUnavailable             daemon_unavailable (no daemon, or it died mid-request)
+    |   `-- StoreUnavailable              store_unavailable (the global store: unreachable)
+    |   `-- NodeUnavailable               node_unavailable (a workspace's node is not alive)
     |-- Refusal             (a definite no: nothing happened, safe to retry or give up)  1
     |   |-- TransactionAborted            conflict | verification_failed | timeout | ...
     |   |-- CheckFailed                   verification_failed | command_failed | timeout |
@@ -145,6 +148,13 @@ class SqlFailed(InputError):
     message, and ``sqlstate`` (participants/postgres.py)."""
 
     code = "sql_failed"
+class UnknownWorkspace(InputError):
+    """A global transaction's step names a workspace no node serves in the store
+    (docs/distributed.md)."""
+
+    code = "unknown_workspace"
+
+
 class BinaryContent(InputError):
     """A three-way merge was asked of content that is not text (it holds a NUL byte)."""
 
@@ -212,6 +222,20 @@ class DaemonUnavailable(WorkspaceError):
     undone by the next call (direct, or through a restarted daemon), all or nothing."""
 
     code = "daemon_unavailable"
+
+
+class StoreUnavailable(WorkspaceError):
+    """The store of global transactions (Postgres) cannot be reached, or refused a statement
+    (docs/distributed.md)."""
+
+    code = "store_unavailable"
+
+
+class NodeUnavailable(WorkspaceError):
+    """A workspace's node is registered in the store but not alive (stopped, killed, cut
+    off), or another live process already serves that node name."""
+
+    code = "node_unavailable"
 
 
 # -- a definite no: exit 1 ---------------------------------------------------------------------

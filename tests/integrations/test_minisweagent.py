@@ -13,6 +13,7 @@ import pytest
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 pytest.importorskip("minisweagent")
 
+from conftest import read_text  # noqa: E402
 from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.environments import get_environment  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel, make_output  # noqa: E402
@@ -27,13 +28,6 @@ AGENT_CONFIG = {"system_template": "You are a test.", "instance_template": "{{ta
                 "step_limit": 10, "cost_limit": 100.0}
 
 
-def _read(root: str, rel: str) -> str | None:
-    try:
-        with open(os.path.join(root, rel)) as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
-
 
 class WatchingModel(DeterministicModel):
     """The scripted model, which also notes what the real tree held at each of its turns."""
@@ -47,7 +41,7 @@ class WatchingModel(DeterministicModel):
         self.seen: list[str | None] = []
 
     def query(self, messages, **kwargs):  # type: ignore[no-untyped-def]
-        self.seen.append(_read(self.root, "app.py"))
+        self.seen.append(read_text(self.root, "app.py"))
         if self.current_index + 1 in self.failures:  # the model's service fails mid-run
             raise self.failures[self.current_index + 1]
         return super().query(messages, **kwargs)
@@ -80,8 +74,8 @@ def test_the_submission_commits_what_the_commands_did_and_nothing_lands_before(r
     assert "return 42" in agent.messages[-3]["content"] and "old.txt" not in \
         agent.messages[-3]["content"]
     assert agent.model.seen == ["def answer():\n    return 41\n"] * 3
-    assert _read(repo, "app.py") == "def answer():\n    return 42\n"
-    assert _read(repo, "old.txt") is None and _read(repo, "pkg/new.txt") == "new\n"
+    assert read_text(repo, "app.py") == "def answer():\n    return 42\n"
+    assert read_text(repo, "old.txt") is None and read_text(repo, "pkg/new.txt") == "new\n"
 
 
 def test_a_failing_check_refuses_the_submission_and_the_agent_goes_on(repo):
@@ -92,7 +86,7 @@ def test_a_failing_check_refuses_the_submission_and_the_agent_goes_on(repo):
     refused = [m["content"] for m in agent.messages if "was not accepted" in
                str(m.get("content"))]
     assert len(refused) == 1 and "grep -q 'return 42' app.py" in refused[0]
-    assert _read(repo, "app.py") == "def answer():\n    return 42\n"
+    assert read_text(repo, "app.py") == "def answer():\n    return 42\n"
 
 
 def test_a_step_limit_aborts_and_the_tree_is_untouched(repo, client):
@@ -101,7 +95,7 @@ def test_a_step_limit_aborts_and_the_tree_is_untouched(repo, client):
     result = run_in_transaction(agent, "never submits")
     assert result["exit_status"] == "LimitsExceeded"
     assert result["agent_2pc"]["state"] == "aborted"
-    assert _read(repo, "app.py") == "def answer():\n    return 41\n"
+    assert read_text(repo, "app.py") == "def answer():\n    return 41\n"
     assert client.get(agent.env.tid).state() == "aborted"
 
 
@@ -110,8 +104,8 @@ def test_a_run_that_raises_midway_aborts_and_the_tree_is_untouched(repo, client)
     with pytest.raises(RuntimeError, match="model down"):
         run_in_transaction(agent, "crashes")
     assert client.get(agent.env.tid).state() == "aborted"
-    assert _read(repo, "app.py") == "def answer():\n    return 41\n"
-    assert _read(repo, "old.txt") == "old\n"
+    assert read_text(repo, "app.py") == "def answer():\n    return 41\n"
+    assert read_text(repo, "old.txt") == "old\n"
 
 
 def test_a_failing_command_keeps_its_changes_and_reports_its_status(repo):
@@ -133,7 +127,7 @@ def test_two_agents_racing_on_one_line_one_commits_the_other_conflicts(repo):
     assert won["agent_2pc"]["state"] == "committed"
     assert lost["exit_status"] == "TransactionAborted"
     assert lost["agent_2pc"]["state"] == "aborted" and lost["agent_2pc"]["code"] == "conflict"
-    assert _read(repo, "app.py") == "def answer():\n    return 42\n"
+    assert read_text(repo, "app.py") == "def answer():\n    return 42\n"
 
 
 def test_a_mini_config_names_the_environment_in_one_line(repo):
@@ -142,5 +136,5 @@ def test_a_mini_config_names_the_environment_in_one_line(repo):
     assert isinstance(env, TransactionEnvironment)
     out = env.execute({"command": "echo hi > hi.txt && echo done"})
     assert out["returncode"] == 0 and out["output"] == "done\n"
-    assert _read(repo, "hi.txt") is None
+    assert read_text(repo, "hi.txt") is None
     assert env.finish("LimitsExceeded")["state"] == "aborted"

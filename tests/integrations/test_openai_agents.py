@@ -17,17 +17,10 @@ pytest.importorskip("agents")
 
 from agents import Agent, Runner  # noqa: E402
 from agents.testing import ModelStep, ScriptedModel, assistant_message, function_call  # noqa: E402
+from conftest import read_text  # noqa: E402
 
 from agent_2pc import Agent2PC  # noqa: E402
 from agent_2pc.integrations.openai_agents import fenced_tool, transaction_tools  # noqa: E402
-
-
-def _read(root: str, rel: str) -> str | None:
-    try:
-        with open(os.path.join(root, rel)) as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
 
 
 def _outputs(model: ScriptedModel) -> dict[str, str]:
@@ -46,12 +39,13 @@ def test_the_transaction_tools_stage_check_and_commit(root, client):
         f.write("x = 41\n")
     tx = client.begin(label="openai-agents")
     agent = Agent(name="dev", tools=transaction_tools(tx))
+    # One call per turn: the SDK runs the calls of one turn concurrently, in no set order.
     model = ScriptedModel([
         [function_call("replace_in_file", {"path": "app.py", "old": "41", "new": "42"},
-                       call_id="c1"),
-         function_call("run_command", {"command": "echo made > made.txt; cat app.py"},
-                       call_id="c2"),
-         function_call("run_check", {"command": "grep -q 42 app.py"}, call_id="c3")],
+                       call_id="c1")],
+        [function_call("run_command", {"command": "echo made > made.txt; cat app.py"},
+                       call_id="c2")],
+        [function_call("run_check", {"command": "grep -q 42 app.py"}, call_id="c3")],
         [function_call("commit", {}, call_id="c4")],
         [assistant_message("done")]])
     result = _run(agent, model)
@@ -62,7 +56,7 @@ def test_the_transaction_tools_stage_check_and_commit(root, client):
         {"path": "made.txt", "op": "write"}]
     assert json.loads(out["c3"])["passed"] is True
     assert json.loads(out["c4"])["state"] == "committed"
-    assert _read(root, "app.py") == "x = 42\n" and _read(root, "made.txt") == "made\n"
+    assert read_text(root, "app.py") == "x = 42\n" and read_text(root, "made.txt") == "made\n"
 
 
 def test_a_refused_step_is_an_answer_the_model_reads(root, client):
@@ -164,5 +158,5 @@ def test_a_run_that_raises_midway_aborts_its_transaction(root):
     with pytest.raises(RuntimeError, match="model service down"):
         with client.transaction(label="agent") as tx:
             _run(Agent(name="dev", tools=transaction_tools(tx)), model)
-    assert _read(root, "half.txt") is None
+    assert read_text(root, "half.txt") is None
     assert [t["state"] for t in client.transactions()] == ["aborted"]

@@ -13,6 +13,7 @@ import pytest
 
 pytest.importorskip("pydantic_ai")
 
+from conftest import read_text  # noqa: E402
 from pydantic_ai import Agent, ModelRetry  # noqa: E402
 from pydantic_ai.messages import (  # noqa: E402
     ModelMessage,
@@ -41,13 +42,6 @@ def _close_the_loop_run_sync_leaves() -> object:
         loop.close()
         asyncio.set_event_loop(None)
 
-
-def _read(root: str, rel: str) -> str | None:
-    try:
-        with open(os.path.join(root, rel)) as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
 
 
 class Script:
@@ -89,7 +83,7 @@ def test_the_transaction_toolset_stages_runs_and_commits(root, client):
     assert _answer(script, "c2")["output"] == "x = 42\n"
     assert _answer(script, "c3")["content"] is None  # run_command's file: staged after it ran
     assert _answer(script, "c4")["state"] == "committed"
-    assert _read(root, "app.py") == "x = 42\n" and _read(root, "n.txt") == "n\n"
+    assert read_text(root, "app.py") == "x = 42\n" and read_text(root, "n.txt") == "n\n"
 
 
 def test_fenced_tools_run_once_per_call_and_read_only_ones_are_left_alone(root):
@@ -152,7 +146,7 @@ def test_a_run_that_raises_midway_aborts_and_the_tree_is_untouched(root):
     with pytest.raises(RuntimeError, match="model service down"):
         with client.transaction(label="agent") as tx:
             Agent(FunctionModel(model), toolsets=[TransactionToolset(tx)]).run_sync("go")
-    assert _read(root, "half.txt") is None
+    assert read_text(root, "half.txt") is None
     assert [t["state"] for t in client.transactions()] == ["aborted"]
 
 
@@ -172,4 +166,4 @@ def test_two_agents_racing_on_one_file_one_commits_the_other_conflicts(root, cli
     lost = _answer(scripts["b"], "b2")
     assert lost["ok"] is False and lost["state"] == "aborted"
     assert lost["error"]["code"] == "conflict"
-    assert _read(root, "app.py") == "x = 42\n"
+    assert read_text(root, "app.py") == "x = 42\n"

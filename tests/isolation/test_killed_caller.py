@@ -106,7 +106,9 @@ def test_recover_removes_the_layer_and_scratch_a_killed_caller_left(staged, tier
         caller.kill()
         caller.wait()
         time.sleep(0.5)
-        assert _holding(_ours(), name) == left  # nobody cleaned up: the caller is dead
+        # The caller is dead and cleaned up nothing: its scratch is still there. (Its layer
+        # may already be gone: any workspace's recover sweeps the layers of dead callers, and
+        # in a parallel run another test's recover can come first.)
         scratch = os.path.join(staged.root, ".agent-tx", "tx", staged.tx.tid)
         assert [n for n in os.listdir(scratch) if n.startswith("view-")]
         out = subprocess.run([*A2PC, "--json", "--root", staged.root, "recover"],

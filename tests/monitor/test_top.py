@@ -18,23 +18,26 @@ pytestmark = [pytest.mark.timeout(120),
 
 
 class Pane:
-    """A tmux session running one command in a fixed-size terminal."""
+    """A tmux session running one command in a fixed-size terminal, on a tmux server of its
+    own (a user's or another test's server keeps its own options and environment)."""
 
     def __init__(self, name: str, command: str, width: int = 160, height: int = 48) -> None:
         self.name = name
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("AGENT2PC_ROOT",
-                                                                "AGENT2PC_CRASH_AT")}
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", str(width), "-y",
+        self.tmux = ["tmux", "-L", name, "-f", "/dev/null"]
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
+        # COLUMNS/LINES (pytest-xdist's workers set 80x24) would override the pane's size.
+        env = {k: v for k, v in os.environ.items() if k not in (
+            "AGENT2PC_ROOT", "AGENT2PC_CRASH_AT", "COLUMNS", "LINES")}
+        subprocess.run([*self.tmux, "new-session", "-d", "-s", name, "-x", str(width), "-y",
                         str(height), f"{command}; echo EXIT=$?; sleep 120"], check=True,
                        env=env)
 
     def text(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-t", self.name, "-p"],
+        return subprocess.run([*self.tmux, "capture-pane", "-t", self.name, "-p"],
                               capture_output=True, text=True, check=True).stdout
 
     def keys(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *keys], check=True)
 
     def wait(self, predicate, timeout: float = 15.0) -> str:
         deadline = time.monotonic() + timeout
@@ -47,7 +50,7 @@ class Pane:
             time.sleep(0.1)
 
     def close(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 def cli(root: str, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

@@ -5,10 +5,12 @@ Results are the library's dicts; cli/output.py adds ``ok`` and prints JSON or te
 
 from __future__ import annotations
 
+import json
 import os
 
 from ..core.paging import LIST_LIMIT, LIST_LIMIT_MAX
 from ..errors import UsageError
+from . import distributed
 from .args import FLAG, MULTI, Command, Opt, int_arg
 from .bundle import EXPORT, IMPORT
 from .daemon import DAEMON
@@ -75,6 +77,8 @@ def text_trust(r: dict[str, Any]) -> str:
 
 
 def run_begin(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    if args["global"]:
+        return distributed.begin(args)
     tx = ctx.client().begin(timeout_ms=args["timeout_ms"], label=args["label"],
                             git_branch=args["git_branch"])
     return {"tid": tx.tid} if args["git_branch"] is None else \
@@ -217,6 +221,8 @@ def run_diff(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_status(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    if distributed.is_global(args["tid"]):
+        return distributed.status(args)
     return ctx.client().status(args["tid"])
 
 
@@ -289,6 +295,27 @@ def run_abort(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
 def run_recover(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     return ctx.client().recover()
+
+
+def run_vote(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.tx(args).vote(_json_arg("--coordinator", args["coordinator"]))
+
+
+def run_decide(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return ctx.client().decide(args["tid"], args["outcome"], args["reason"])
+
+
+def run_in_doubt(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return {"in_doubt": ctx.client().in_doubt()}
+
+
+def text_in_doubt(r: dict[str, Any]) -> str:
+    rows = r["in_doubt"]
+    if not rows:
+        return "(no prepared transaction waits for a decision)"
+    return "\n".join(f"{row['tid']}  prepared, in doubt: {len(row['files'])} "
+                     f"file{'s' if len(row['files']) != 1 else ''}; coordinator "
+                     f"{json.dumps(row['coordinator'], sort_keys=True)}" for row in rows)
 
 
 def run_compact(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -408,6 +435,10 @@ def text_transactions(r: dict[str, Any]) -> str:
             lines.append(f"    {f['op']:<6} {f['path']}" if isinstance(f, dict) else f"    {f}")
         if len(rows) == 1 and t.get("reason"):
             lines.append(f"    reason: {t['reason']}")
+        if len(rows) == 1 and t.get("coordinator"):
+            lines.append(f"    decided by: {json.dumps(t['coordinator'], sort_keys=True)}")
+    if r.get("in_doubt"):  # prepared: their coordinators decide (agent-2pc decide)
+        lines.append(text_in_doubt(r))
     return "\n".join(lines)
 
 
@@ -426,8 +457,11 @@ def text_recover(r: dict[str, Any]) -> str:
     def names(key: str) -> str:
         return ", ".join(r[key]) or "none"
 
-    return (f"rolled forward: {names('rolled_forward')}\nrolled back: {names('rolled_back')}\n"
-            f"torn log tail cut: {r['truncated_bytes']} bytes")
+    out = (f"rolled forward: {names('rolled_forward')}\nrolled back: {names('rolled_back')}\n"
+           f"torn log tail cut: {r['truncated_bytes']} bytes")
+    if r.get("in_doubt"):  # left alone: their coordinators decide (agent-2pc decide)
+        out += "\n" + text_in_doubt(r)
+    return out
 
 
 def text_batch(r: dict[str, Any]) -> str:
@@ -593,6 +627,20 @@ COMMANDS: tuple[Command, ...] = (
         extra={"text": text_outcome}),
     Command("recover", "finish or undo what crashes left; abort expired transactions",
             run_recover, extra={"text": text_recover}),
+    Command("vote", "prepare for an outside coordinator and vote; a yes waits, durable, for "
+            "decide (exit 1 if it aborts)", run_vote, (
+                TID, Opt("--coordinator", required=True, metavar="JSON",
+                         help="who decides: a JSON object, no password (e.g. "
+                         "'{\"gtid\": \"g-1\", \"store\": \"postgresql://host/db\"}')")),
+            extra={"text": lambda r: f"{r['state']} {r['tid']}: voted {r['vote']}"}),
+    Command("decide", "carry out the decision for a prepared transaction: commit or abort "
+            "(by hand only when its coordinator is lost for good)", run_decide, (
+                TID, Opt("--reason", metavar="S", help="why (kept in the history of an "
+                         "abort)")),
+            positionals=(("outcome", "commit or abort"),),
+            extra={"text": text_outcome}),
+    Command("in-doubt", "the prepared transactions waiting for their coordinators' decisions",
+            run_in_doubt, extra={"text": text_in_doubt}),
     Command("compact", "move finished transactions out of the log; collect garbage",
             run_compact, extra={"text": lambda r: f"log: {r['before_bytes']} -> "
                                 f"{r['after_bytes']} bytes"}),
@@ -611,4 +659,7 @@ COMMANDS: tuple[Command, ...] = (
     HOOK,
     MCP,
     DAEMON,
+    distributed.NODE,
+    distributed.NODES,
 )
+distributed.extend(COMMANDS)

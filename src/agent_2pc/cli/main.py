@@ -43,6 +43,11 @@ class Context:
     def tx(self, args: dict[str, Any]) -> Transaction:
         """The transaction ``--tid`` names, unchecked: each step checks it after its own
         arguments."""
+        from .distributed import is_global, refuse_local, step
+
+        if is_global(args["tid"]):
+            return step(args)  # type: ignore[return-value]
+        refuse_local(args)
         return self.client().get(args["tid"], check=False)
 
 

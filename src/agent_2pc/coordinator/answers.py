@@ -3,7 +3,7 @@ the history line of a finished one (pure: no I/O)."""
 
 from __future__ import annotations
 
-from ..core.states import COMMITTED, DIR_FINGERPRINT, Tx, effects_summary, iso_ms
+from ..core.states import COMMITTED, DIR_FINGERPRINT, PREPARED, Tx, effects_summary, iso_ms
 from ..errors import BadState
 from ..storage.hashing import link_fingerprint
 
@@ -37,6 +37,10 @@ def answer_again(tx: Tx | dict[str, Any], wanted: str) -> dict[str, Any]:
     tid = tx["tid"] if isinstance(tx, dict) else tx.tid
     if state == wanted:
         return result(tx)
+    if not isinstance(tx, dict) and state == PREPARED:  # its coordinator decides
+        from .outside import refuse_prepared
+
+        refuse_prepared(tx, "committed" if wanted == COMMITTED else "aborted")
     reason = tx.get("reason") if isinstance(tx, dict) else tx.reason
     why = f" ({reason})" if reason else ""
     raise BadState(f"{tid} is {state}{why}; it cannot be "
@@ -70,6 +74,8 @@ def summary(tx: Tx) -> dict[str, Any]:
         out["checks"] = checks
     if tx.undoes:
         out["undoes"] = tx.undoes
+    if tx.coordinator is not None:  # decided by an outside coordinator (outside.py)
+        out["coordinator"] = tx.coordinator
     if tx.state == COMMITTED:
         out["changes"] = changes(tx)
     return out

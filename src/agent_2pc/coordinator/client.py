@@ -101,7 +101,8 @@ class Agent2PC:
         trust(found)
         engine = Engine(found, recover_dead=False)
         try:
-            return {"root": found, "transactions": engine.transactions(finished=False)}
+            return {"root": found, "transactions": engine.transactions(finished=False,
+                                                                       limit=None)}
         finally:
             engine.close()
 
@@ -139,6 +140,18 @@ class Agent2PC:
         order they finished, then the live ones. The next page, older: ``before=`` the first
         row's tid. Reads the history from its end, as far as the page needs."""
         return self.engine.transactions(state, limit=limit, before=before)
+
+    def decide(self, tid: str, outcome: str, reason: str | None = None) -> dict[str, Any]:
+        """The decision of an outside coordinator for ``tid`` ("commit" or "abort"), from any
+        process (docs/library.md, "Decided by an outside coordinator"): a prepared transaction
+        commits (commit's answer) or aborts (abort's answer); an active one can only abort.
+        The same decision again answers the same; the other one is BadState."""
+        return self.engine.decide(tid, outcome, reason)
+
+    def in_doubt(self) -> list[dict[str, Any]]:
+        """The prepared transactions waiting for their coordinators:
+        ``[{tid, coordinator, prepared_ms, files}]``."""
+        return self.engine.in_doubt()
 
     def undo(self, tid: str) -> dict[str, Any]:
         """Take back the committed transaction ``tid`` as a new transaction: each file it
@@ -405,6 +418,14 @@ class Transaction:
 
     def abort(self, reason: str | None = None) -> dict[str, Any]:
         return self._engine.abort(self.tid, reason)
+
+    def vote(self, coordinator: dict[str, Any] | str) -> dict[str, Any]:
+        """Prepare for an outside coordinator and vote (docs/library.md, "Decided by an
+        outside coordinator"): ``{tid, state: "prepared", vote: "yes"}`` once the yes vote is
+        durable; then the transaction waits, across exits and crashes, for
+        ``Agent2PC.decide``. A no raises TransactionAborted (the transaction is aborted), as
+        commit. ``coordinator``: a JSON object naming who decides, without a password."""
+        return self._engine.vote(self.tid, coordinator)
 
 
 class _Scope:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from ..core.paging import LIST_LIMIT, LIST_LIMIT_MAX
 from ..core.records import now_ms as now_ms
-from ..core.states import ABORTED, ACTIVE, COMMITTED, IN_FLIGHT
+from ..core.states import ABORTED, ACTIVE, COMMITTED, IN_FLIGHT, PREPARED
 from ..errors import NotInitialized, TransactionAborted, UsageError
 from ..participants.registry import participants_for
 from ..storage.blobs import BlobStore
@@ -32,6 +32,7 @@ from .gate import Gate, Held, HeldActive
 from .gate import check_tid as check_tid
 from .journal import Journal
 from .journal import boot_id as boot_id
+from .outside import check_coordinator, check_outcome, in_doubt, refuse_prepared
 from .rebase import Rebase
 from .recovery import Recovery
 from .runs import Runs
@@ -102,6 +103,8 @@ class Engine:
         if type(merge) is not bool:
             raise UsageError(f"`merge` is true or false, not {merge!r}", params=("merge",))
         with self.gate.locked(tid) as tx:
+            if not isinstance(tx, dict) and tx.state == PREPARED:
+                refuse_prepared(tx, "committed by 'commit'")
             if isinstance(tx, dict) or tx.state != ACTIVE:
                 return with_merged(answer_again(tx, COMMITTED))
             self.gate.abort_if_stale(tx)
@@ -128,6 +131,8 @@ class Engine:
 
     def abort(self, tid: str, reason: str | None = None) -> dict[str, Any]:
         with self.gate.locked(tid) as tx:
+            if not isinstance(tx, dict) and tx.state == PREPARED:
+                refuse_prepared(tx, "aborted by 'abort'")
             if isinstance(tx, dict) or tx.state != ACTIVE:
                 out = answer_again(tx, ABORTED)
             else:
@@ -136,6 +141,84 @@ class Engine:
         self.compaction.maybe_compact()
         out.pop("files", None)
         return out
+
+    # -- decided by an outside coordinator (outside.py) --------------------------------------
+
+    def vote(self, tid: str, coordinator: dict[str, Any] | str) -> dict[str, Any]:
+        """Prepare ``tid`` for an outside coordinator (a JSON object naming it, no password)
+        and vote: yes -> ``{tid, state: prepared, vote: yes}``, the vote durable and every
+        lock released (the transaction waits, in doubt, for ``decide``); no ->
+        TransactionAborted, the transaction aborted, as commit. Voting again for the same
+        coordinator answers the same; for another, or on a transaction decided otherwise,
+        bad_state."""
+        coordinator = check_coordinator(coordinator)
+        with self.gate.locked(tid) as tx:
+            if isinstance(tx, dict) or tx.state != ACTIVE:
+                return self._vote_again(tx, coordinator)
+            self.gate.abort_if_stale(tx)
+            self._run_stale_checks(tid)
+            with self.journal.commit_lock:
+                self.recovery.finish_dead_locked()
+                self.twophase.prepare_and_vote(tid, coordinator)
+        return {"tid": tid, "state": PREPARED, "vote": "yes"}
+
+    def _vote_again(self, tx: Tx | dict[str, Any], coordinator: dict[str, Any]
+                    ) -> dict[str, Any]:
+        """vote on a transaction that is no longer active: the same answer as the first
+        vote when it was for this coordinator."""
+        get = tx.get if isinstance(tx, dict) else lambda k: getattr(tx, k, None)
+        tid, state, voted_for = get("tid"), get("state"), get("coordinator")
+        if state == ABORTED and voted_for in (None, coordinator):
+            raise TransactionAborted(get("reason") or f"{tid} is aborted",
+                                     code=get("code") or "aborted", tid=tid)
+        if voted_for == coordinator and state in (PREPARED, COMMITTED, "committing"):
+            return {"tid": tid, "state": state, "vote": "yes"}
+        why = (f"it voted for another coordinator ({voted_for})" if voted_for
+               else "it was not prepared for a coordinator")
+        from ..errors import BadState
+
+        raise BadState(f"{tid} is {state}; {why}: it cannot vote for {coordinator}",
+                       tid=tid, state=state)
+
+    def decide(self, tid: str, outcome: str, reason: str | None = None) -> dict[str, Any]:
+        """The coordinator's decision for ``tid`` ("commit" or "abort"), from any process.
+        A prepared transaction commits (decision, apply: commit's answer) or aborts (undo:
+        abort's answer); an active one may only be aborted. Deciding a finished transaction
+        the way it went answers the same; the other way is bad_state."""
+        outcome = check_outcome(outcome)
+        if reason is not None and (not isinstance(reason, str) or len(reason) > 1000):
+            raise UsageError("`reason` is a string of at most 1000 characters",
+                             params=("reason",))
+        wanted = COMMITTED if outcome == "commit" else ABORTED
+        with self.gate.locked(tid) as tx:
+            if isinstance(tx, dict) or tx.state not in (ACTIVE, PREPARED):
+                out = answer_again(tx, wanted)
+            elif tx.state == ACTIVE and outcome == "commit":
+                from ..errors import BadState
+
+                raise BadState(f"{tid} is active: it never voted, so it cannot be decided "
+                               "committed ('vote' first, or 'commit' it)",
+                               tid=tid, state=tx.state)
+            else:
+                with self.journal.commit_lock:
+                    if outcome == "commit":
+                        self.twophase.decide_commit(tid)
+                    else:
+                        self.twophase.abort(tx, "aborted", reason or (
+                            "its coordinator decided abort" if tx.state == PREPARED
+                            else "aborted by request"))
+                out = result(self.txs.get(tid) or self.journal.lookup(tid))
+        self.compaction.maybe_compact()
+        if outcome == "abort":
+            out.pop("files", None)
+            return out
+        return with_merged(out)
+
+    def in_doubt(self) -> list[dict[str, Any]]:
+        """The prepared transactions, waiting for their coordinators' decisions:
+        ``[{tid, coordinator, prepared_ms, files}]``, oldest vote first."""
+        self.journal.refresh()
+        return in_doubt(self.journal.txs.values())
 
     def recover(self) -> dict[str, Any]:
         """Finish or undo what crashes left; abort expired transactions; repair a torn tail.

@@ -14,6 +14,7 @@ from ..core.records import now_ms
 from ..core.states import COMMITTED, FINISHED, Tx
 from ..errors import ApplyIncomplete
 from ..participants.base import ApplyFailed
+from .outside import in_doubt
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -144,6 +145,9 @@ class Recovery:
             out["diverged"] = done["diverged"]
         if any(views_removed.values()):
             out["views_removed"] = views_removed
+        waiting = in_doubt(self.journal.txs.values())
+        if waiting:  # prepared, in doubt: left to their coordinators (outside.py)
+            out["in_doubt"] = waiting
         stuck = [info for tid, info in self.twophase.stuck.items() if self.journal.live(tid)]
         if stuck:
             names = ", ".join(info["tid"] for info in stuck)

@@ -591,7 +591,13 @@ class Staging:
             rows = [tx.summary() for tx in self.journal.txs.values() if tx.state not in
                     ("committed", "aborted")]
             rows.sort(key=lambda r: (r["created_at"], r["tid"]))
-            return {"transactions": rows}
+            out: dict[str, Any] = {"transactions": rows}
+            from .outside import in_doubt
+
+            waiting = in_doubt(self.journal.txs.values())
+            if waiting:  # prepared: their coordinators decide (outside.py)
+                out["in_doubt"] = waiting
+            return out
         with self.gate.locked(tid) as tx:
             if isinstance(tx, dict):
                 return {"transactions": [tx]}
@@ -601,10 +607,13 @@ class Staging:
             row["savepoints"] = [s[0] for s in tx.savepoints]
             if tx.origin is not None:
                 row["origin"] = tx.origin  # imported from a bundle (coordinator/bundles.py)
-            if tx.deadline_ms:
+            if tx.deadline_ms and tx.coordinator is None:  # a prepared one never expires
                 row["expires_at"] = iso_ms(tx.deadline_ms)
             if tx.reason:
                 row["code"], row["reason"] = tx.code, tx.reason
+            if tx.coordinator is not None:  # voted for an outside coordinator (outside.py)
+                row["coordinator"] = tx.coordinator
+                row["prepared_ms"] = tx.voted_ms
             return {"transactions": [row]}
 
 

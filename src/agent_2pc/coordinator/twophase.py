@@ -16,6 +16,7 @@ from ..errors import ApplyIncomplete, TransactionAborted, UsageError
 from ..participants.base import YES, ApplyFailed, Vote
 from ..storage.scratch import discard
 from .journal import tid_of_new_transaction
+from .outside import prepared_overlap
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -79,10 +80,43 @@ class TwoPhase:
         except ApplyFailed as exc:
             raise self.incomplete(self.journal.txs[tid], exc) from exc
 
+    def prepare_and_vote(self, tid: str, coordinator: dict[str, Any]) -> None:
+        """Prepare ``tid`` and vote yes for ``coordinator`` (coordinator/outside.py); the
+        caller holds its lock and the commit lock. TransactionAborted on a no vote. What the
+        commit decision would carry goes into the vote record, so that any process can
+        decide; what the participants keep in memory for this process is dropped (git's ref
+        lock too: a commit decided later moves the ref by compare-and-swap)."""
+        self.journal.check_confined(self.journal.txs[tid])
+        self.prepare(tid)
+        crashpoints.hit("vote.before_record")
+        fields: dict[str, Any] = {}
+        for participant in self.participants:
+            fields.update(participant.decision_fields(tid))
+        self.journal.append([records.vote(tid, pid=os.getpid(), coordinator=coordinator,
+                                          decided=fields)], sync=True)
+        crashpoints.hit("vote.after_record")
+        for participant in self.participants:
+            participant.forget(tid)
+
+    def decide_commit(self, tid: str) -> None:
+        """Carry out a commit decision for a prepared ``tid`` (its lock and the commit lock
+        held): the decision record with what the vote kept, then the apply as a redo (time
+        passed since the vote: every target is looked at again)."""
+        tx = self.journal.txs[tid]
+        self.journal.check_confined(tx)
+        self.journal.append([records.decision_commit(tid, **tx.voted)], sync=True)
+        crashpoints.hit("commit.after_decision")
+        try:
+            self.apply(self.journal.txs[tid], redo=True)
+        except ApplyFailed as exc:
+            raise self.incomplete(self.journal.txs[tid], exc) from exc
+
     def prepare(self, tid: str) -> Tx:
         """Record the start of prepare and collect the votes; abort on the first no."""
         self.journal.append([records.prepare(tid, pid=os.getpid())])
-        vote = self._stuck_overlap(self.journal.txs[tid]) or self._vote(self.journal.txs[tid])
+        tx = self.journal.txs[tid]
+        vote = (self._stuck_overlap(tx) or prepared_overlap(tx, self.journal.txs.values())
+                or self._vote(tx))
         if not vote.yes:
             code, reason = vote.code or "conflict", vote.reason or "a participant voted no"
             try:
@@ -154,7 +188,7 @@ class TwoPhase:
     # -- abort -------------------------------------------------------------------------------
 
     def abort(self, tx: Tx, code: str, reason: str) -> None:
-        """Abort an active or preparing transaction whose lock we hold."""
+        """Abort an active, preparing or prepared transaction whose lock we hold."""
         for participant in self.participants:
             participant.forget(tx.tid)
         self.journal.append([records.decision_abort(tx.tid, code=code,

@@ -110,6 +110,10 @@ def tx_problem(tx: Tx, paths: bool = True) -> Problem | None:
         why = _decision_problem(tx.decision_fields, changes)
         if why is not None:
             return Problem(why, {"type": "decision"})
+    elif tx.voted:  # what a commit decision would carry (a vote for an outside coordinator)
+        why = _decision_problem(tx.voted, changes)
+        if why is not None:
+            return Problem(why, {"type": "vote"})
     return None
 
 

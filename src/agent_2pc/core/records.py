@@ -103,6 +103,12 @@ if TYPE_CHECKING:
         type: Literal["prepare"]
         pid: NotRequired[int]
 
+    class VoteRecord(_Common):
+        type: Literal["vote"]
+        pid: NotRequired[int]
+        coordinator: dict[str, Any]  # who decides (the caller's JSON object, no secrets)
+        decided: NotRequired[dict[str, Any]]  # what the commit decision will carry (redo)
+
     class DecisionRecord(_Common):
         type: Literal["decision"]
         outcome: str  # commit | abort
@@ -122,7 +128,7 @@ if TYPE_CHECKING:
 
     AnyRecord = Union[LogHeaderRecord, BeginRecord, ReadRecord, StageRecord, EffectRecord,
                       ResultRecord, CheckRecord, SavepointRecord, RollbackRecord,
-                      PrepareRecord, DecisionRecord, EndRecord]
+                      PrepareRecord, VoteRecord, DecisionRecord, EndRecord]
     # A field's spec: (name, the JSON types it may have, required, what is inside it: the
     # type of a list's items or the spec of an object's fields, or None).
     Spec = tuple[str, tuple[type, ...], bool, Any]
@@ -167,6 +173,10 @@ EFFECT_REQUESTS: dict[str, tuple[Spec, ...]] = {
 _GIT_DECIDED: tuple[Spec, ...] = (("ref", _S, True, None), ("old", _S, True, None),
                                   ("new", _S, True, None), ("prefix", _S, True, None),
                                   ("ignored", _L, False, None))
+# What a vote keeps for the commit decision it may get (the decision's redo fields).
+_VOTE_DECIDED: tuple[Spec, ...] = (("modes", _D, False, None), ("inline", _D, False, None),
+                                   ("placed", _D, False, None),
+                                   ("git", _D, False, _GIT_DECIDED))
 # kind -> the specs of its fields besides type, tid and ts (which every record has).
 SHAPES: dict[str, tuple[Spec, ...]] = {
     "log": (("workspace", _S, True, None),),
@@ -193,6 +203,8 @@ SHAPES: dict[str, tuple[Spec, ...]] = {
     "savepoint": (("name", _S, True, None),),
     "rollback": (("name", _S, True, None),),
     "prepare": (("pid", _I, False, None),),
+    "vote": (("pid", _I, False, None), ("coordinator", _D, True, None),
+             ("decided", _D, False, _VOTE_DECIDED)),
     "decision": (("outcome", _S, True, None), ("code", _S_N, False, None),
                  ("reason", _S_N, False, None), ("modes", _D, False, None),
                  ("inline", _D, False, None), ("placed", _D, False, None),
@@ -359,6 +371,18 @@ def rollback(tid: str, *, name: str) -> RollbackRecord:
 
 def prepare(tid: str, *, pid: int) -> PrepareRecord:
     rec: PrepareRecord = {"type": "prepare", "tid": tid, "ts": now_ms(), "pid": pid}
+    _check_built(rec)
+    return rec
+
+
+def vote(tid: str, *, pid: int, coordinator: dict[str, Any],
+         decided: dict[str, Any]) -> VoteRecord:
+    """The yes vote of a transaction an outside coordinator decides (coordinator/twophase.py,
+    ``prepare_and_vote``): ``coordinator`` names it; ``decided`` is what the participants'
+    commit decision will carry (``decision_commit``'s fields), kept so that any process can
+    decide."""
+    rec: VoteRecord = {"type": "vote", "tid": tid, "ts": now_ms(), "pid": pid,
+                       "coordinator": coordinator, "decided": decided}
     _check_built(rec)
     return rec
 

@@ -4,6 +4,9 @@ a callback (the caller probes the transaction's lock), time and boot id are pass
 - committing (decision commit, no end) and no live holder -> roll forward (redo the apply);
 - aborting (decision abort, no end) and no live holder     -> finish the abort;
 - preparing (no decision) and no live holder               -> abort: nothing in the tree changed;
+- prepared (a yes vote for an outside coordinator, no decision) -> nothing, whatever the
+    liveness, the boot or the deadline: it is in doubt, and only its coordinator's decision
+    ends it (coordinator/outside.py);
 - active, when asked (``recover``, or touching it):
     begun in an earlier boot of the machine -> abort (``interrupted``): staging is not
     synced, so a machine crash may have lost its latest records;

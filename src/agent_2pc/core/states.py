@@ -10,8 +10,11 @@ Records (the payloads of log frames; docs/format.md lists every field)::
     savepoint {tid, ts, name}                                       active
     rollback  {tid, ts, name}                                       active
     prepare   {tid, ts, pid}                                        active    -> preparing
-    decision  {tid, ts, outcome: commit, ...}                       preparing -> committing
-    decision  {tid, ts, outcome: abort, code, reason}               active | preparing -> aborting
+    vote      {tid, ts, pid, coordinator, decided}                  preparing -> prepared
+    decision  {tid, ts, outcome: commit, ...}                       preparing | prepared
+                                                                              -> committing
+    decision  {tid, ts, outcome: abort, code, reason}               active | preparing |
+                                                                    prepared -> aborting
     result    {tid, ts, phase, n, outcome, ...}                     preparing, aborting
     end       {tid, ts, state: committed | aborted, files, ...}     committing -> committed,
                                                                     aborting -> aborted
@@ -36,8 +39,10 @@ if TYPE_CHECKING:
 
 ACTIVE, PREPARING, PREPARED, COMMITTING, COMMITTED, ABORTING, ABORTED = (
     "active", "preparing", "prepared", "committing", "committed", "aborting", "aborted")
-# The contract's states. PREPARED is never recorded by the file participant: its decision
-# follows the last vote at once, under the same lock, so nothing could observe the state.
+# The contract's states. PREPARED is recorded only for a transaction an outside coordinator
+# decides (``vote``): a plain commit decides right after the last vote, under the same lock.
+# A prepared transaction is in doubt, not in flight: no process works on it, and nothing but
+# its coordinator's decision (``decide``) ends it (docs/design.md, "Prepared, in doubt").
 STATES = (ACTIVE, PREPARING, PREPARED, COMMITTING, COMMITTED, ABORTING, ABORTED)
 FINISHED = frozenset({COMMITTED, ABORTED})
 # Past the commit point, or deciding: a process works on these under the commit lock, and one
@@ -56,9 +61,12 @@ TRANSITIONS: dict[tuple[str, str | None], str] = {
     ("savepoint", ACTIVE): ACTIVE,
     ("rollback", ACTIVE): ACTIVE,
     ("prepare", ACTIVE): PREPARING,
+    ("vote", PREPARING): PREPARED,
     ("decision:commit", PREPARING): COMMITTING,
+    ("decision:commit", PREPARED): COMMITTING,
     ("decision:abort", ACTIVE): ABORTING,
     ("decision:abort", PREPARING): ABORTING,
+    ("decision:abort", PREPARED): ABORTING,
     ("end:committed", COMMITTING): COMMITTED,
     ("end:aborted", ABORTING): ABORTED,
 }
@@ -127,7 +135,7 @@ class Tx:
                  "effects", "results", "checks", "savepoints", "outcome", "code", "reason",
                  "decision_fields", "prepared", "files",
                  "diverged", "uncompensated", "ended_ms", "frames", "origin",
-                 "undoes")
+                 "undoes", "coordinator", "voted_ms", "voted")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
                  timeout_ms: int | None, boot: str | None) -> None:
@@ -156,6 +164,11 @@ class Tx:
         self.frames: list[bytes | memoryview] = []  # its records' frames (for compaction)
         self.origin: dict[str, Any] | None = None  # where an imported transaction came from
         self.undoes: str | None = None  # the transaction this one takes back (undo)
+        # The vote record, for a transaction an outside coordinator decides: who decides,
+        # when it voted yes, what its commit decision will carry.
+        self.coordinator: dict[str, Any] | None = None
+        self.voted_ms: int | None = None
+        self.voted: dict[str, Any] = {}
 
     @property
     def deadline_ms(self) -> int | None:
@@ -274,6 +287,10 @@ def _fold_fields(tx: Tx, t: str, rec: dict[str, Any]) -> None:
         del tx.savepoints[idx + 1:]
     elif t == "prepare":
         tx.prepared = True
+    elif t == "vote":
+        tx.coordinator = rec["coordinator"]
+        tx.voted_ms = rec["ts"]
+        tx.voted = rec.get("decided") or {}
     elif t == "decision":
         tx.outcome = rec["outcome"]
         tx.code = rec.get("code")

@@ -109,6 +109,21 @@ class RemoteEngine:
             self._local = Engine(self.root)
         return self._local
 
+    # -- decided by an outside coordinator: in this process, on purpose ----------------------
+    # vote and decide take the transaction's lock and then the commit lock, and vote may run
+    # checks for minutes: inside the daemon that would hold its mutex while waiting for the
+    # commit lock, which a group-commit leader takes before the mutex. Here they take the same
+    # file locks as the daemon's steps (flock), so they exclude each other across processes.
+
+    def vote(self, tid: str, coordinator: dict[str, Any] | str) -> dict[str, Any]:
+        return self.local.vote(tid, coordinator)
+
+    def decide(self, tid: str, outcome: str, reason: str | None = None) -> dict[str, Any]:
+        return self.local.decide(tid, outcome, reason)
+
+    def in_doubt(self) -> list[dict[str, Any]]:
+        return self.local.in_doubt()
+
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
             raise AttributeError(name)

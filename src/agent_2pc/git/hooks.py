@@ -265,6 +265,9 @@ def _describe(rows: list[dict[str, Any]], root: str) -> str:
                      f"{r['label'] or '(no label)'}: "
                      + (", ".join(files) + (f" and {more} more" if more else "")
                         if files else "no files staged"))
+    if any(r["state"] == "prepared" for r in rows):  # coordinator/outside.py
+        lines.append("  (a prepared one waits for its coordinator's decision: 'agent-2pc "
+                     "in-doubt' names it)")
     return "\n".join(lines)
 
 

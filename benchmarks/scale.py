@@ -11,8 +11,9 @@ every figure next to a baseline measured in the same run, and the growth factors
                   plus ``commit``, against the same command run on disk followed by
                   ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file).
   c  history      step latency (CLI ``begin`` + ``stage-write`` + ``commit``; ``status``;
-                  ``list``; ``status --tid`` of the oldest transaction) at 0 / 10k / 1M
-                  finished transactions (history.jsonl generated from real compacted lines).
+                  ``list``; ``status --tid`` of the oldest and of the middle transaction) at
+                  0 / 10k / 1M finished transactions (the history generated from real
+                  compacted lines, as compaction leaves it).
   d  agents       1 / 10 / 50 agent processes on one workspace, each staging and committing one
                   file per transaction through the library: throughput and latency p50/p99.
   e  view         the staged view on trees of 20k and 200k files, per tier (overlay,
@@ -290,22 +291,58 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
 # --- (c) long histories -------------------------------------------------------------------------
 
 def grow_history(root: str, n: int, templates: list[bytes]) -> None:
-    """Append ``n`` finished transactions to history.jsonl, made from real compacted lines with
-    fresh tids (what compaction would have written after ``n`` commits)."""
+    """Give the workspace ``n`` finished transactions, as compaction would have left them:
+    real compacted lines with fresh tids, chained (storage/history.py ``seal``), in sealed
+    segments of the default size plus the open history.jsonl (storage/history_store.py). The
+    tids grow with time as real ones do: 50 transactions a second from 2026-01-01."""
     if n <= 0:
         return
+    from agent_2pc.storage import history, history_store
+
     path = os.path.join(root, ".agent-tx", "history.jsonl")
-    tids = [json.loads(t)["tid"] for t in templates]
-    with open(path, "ab") as f:
-        buf = []
-        for i in range(n):
-            k = i % len(templates)
-            new = f"{tids[k].rpartition('-')[0]}-{i:06x}"  # tx-YYYYMMDD-HHMMSS-hex6
-            buf.append(templates[k].replace(tids[k].encode(), new.encode()))
-            if len(buf) >= 10000:
-                f.write(b"".join(buf))
-                buf.clear()
-        f.write(b"".join(buf))
+    store = history_store.Store(path, os.path.join(root, ".agent-tx", "history.head"))
+    lines = [json.loads(t) for t in templates]
+    prev = store.start_hash() or history.GENESIS
+    size, batch = 0, []
+    for i in range(n):
+        line = dict(lines[i % len(lines)])
+        line["tid"] = time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime(T0 + i // 50)) + (
+            f"{i:06x}")  # tx-YYYYMMDD-HHMMSS-hex6
+        batch.append(line)
+        if len(batch) >= 2000 or i == n - 1:
+            sealed = history.seal(batch, prev)
+            prev = sealed[-1]["hash"]
+            data = "".join(json.dumps(x, ensure_ascii=False, separators=(",", ":")) + "\n"
+                           for x in sealed).encode()
+            with open(path, "ab") as f:
+                f.write(data)
+            size += len(data)
+            batch = []
+            if size >= history_store.SEGMENT_BYTES:
+                store.seal(keep=0)
+                size = 0
+
+
+T0 = 1767225600  # 2026-01-01T00:00:00Z
+
+
+def _oldest_tid(root: str) -> str:
+    from agent_2pc.storage import history_store
+
+    store = history_store.Store(os.path.join(root, ".agent-tx", "history.jsonl"))
+    segments = store.index()["segments"]
+    path = store.segment_path(segments[0]["seq"]) if segments else store.current
+    with open(path, "rb") as f:
+        return str(json.loads(f.readline())["tid"])
+
+
+def _history_bytes(root: str) -> int:
+    d = os.path.join(root, ".agent-tx")
+    total = os.path.getsize(os.path.join(d, "history.jsonl")) if os.path.exists(
+        os.path.join(d, "history.jsonl")) else 0
+    if os.path.isdir(os.path.join(d, "history")):
+        total += sum(e.stat().st_size for e in os.scandir(os.path.join(d, "history")))
+    return total
 
 
 def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
@@ -334,16 +371,17 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
             t0 = C.now()
             grow_history(root, level, templates)
             gen_s = C.now() - t0
-            oldest = None
-            if level:
-                with open(os.path.join(root, ".agent-tx", "history.jsonl"), "rb") as f:
-                    oldest = json.loads(f.readline())["tid"]
+            oldest = _oldest_tid(root) if level else None
             C.log(f"(c) {level} finished transactions (generated in {gen_s:.1f} s)")
-            spaces[level] = {"root": root, "env": dict(env, AGENT2PC_ROOT=root),
+            # Keep the whole history (no retention): the cost of a step whatever its length.
+            spaces[level] = {"root": root, "env": dict(env, AGENT2PC_ROOT=root,
+                                                       AGENT2PC_HISTORY_KEEP="0"),
                              "oldest": oldest, "gen_s": gen_s,
+                             "middle": time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime(
+                                 T0 + level // 2 // 50)) + f"{level // 2:06x}",
                              "s": {k: [] for k in ("begin", "stage_write", "commit",
                                                    "begin_stage_commit", "status", "list",
-                                                   "status_old_tid")}}
+                                                   "status_old_tid", "status_mid_tid")}}
         os.sync()
         runs = mode["step_runs"]
         levels = list(spaces)
@@ -370,19 +408,21 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                 if level:
                     sh([console, "status", "--tid", sp["oldest"]], env=wenv)
                 t6 = C.now()
+                if level:
+                    sh([console, "status", "--tid", sp["middle"]], env=wenv)
+                t7 = C.now()
                 if i < warm:
                     continue
                 for k, v in (("begin", t1 - t0), ("stage_write", t2 - t1), ("commit", t3 - t2),
                              ("begin_stage_commit", t3 - t0), ("status", t4 - t3),
-                             ("list", t5 - t4), ("status_old_tid", t6 - t5)):
-                    if k != "status_old_tid" or level:
+                             ("list", t5 - t4), ("status_old_tid", t6 - t5),
+                             ("status_mid_tid", t7 - t6)):
+                    if not k.startswith("status_") or k == "status" or level:
                         s[k].append(v)
         for level, sp in spaces.items():
-            hist = os.path.join(sp["root"], ".agent-tx", "history.jsonl")
             out["levels"][str(level)] = {
                 "generate_s": round(sp["gen_s"], 2), "runs": runs,
-                "history_mib": round(os.path.getsize(hist) / MIB, 1)
-                if os.path.exists(hist) else 0,
+                "history_mib": round(_history_bytes(sp["root"]) / MIB, 1),
                 **{f"{k}_ms": median_ms(v) for k, v in sp["s"].items() if v}}
             delete_later(sp["root"])
     levels = list(out["levels"])

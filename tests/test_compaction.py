@@ -26,7 +26,7 @@ def test_automatic_compaction_bounds_the_log_and_keeps_every_answer(tmp_path):
     open_tx.stage_write("open.txt", "pending\n")
     # At most one batch of finished transactions (5 records each) plus the open one.
     assert _records_in_log(tmp_path) <= compaction_mod.COMPACT_FINISHED_MAX * 5 + 2
-    rows = {r["tid"]: r for r in Agent2PC(tmp_path).transactions()}
+    rows = {r["tid"]: r for r in Agent2PC(tmp_path).transactions(limit=None)}
     assert all(rows[t]["state"] == "committed" for t in tids)
     assert rows[open_tx.tid]["state"] == "active"
     fresh = Agent2PC(tmp_path)

@@ -193,6 +193,8 @@ COVERED_IN = {
     "sql.after_prepare": "tests/test_postgres_sql.py",
     "sql.after_commit_prepared": "tests/test_postgres_sql.py",
     "undo.after_stage": "tests/test_undo_and_log.py",
+    "history.seal.after_index": "tests/test_long_history.py",
+    "history.trim.after_index": "tests/test_long_history.py",
     "global.after_votes": "tests/distributed/test_global_crashes.py",
     "global.after_decision": "tests/distributed/test_global_crashes.py",
     "node.after_vote": "tests/distributed/test_global_crashes.py",

@@ -19,7 +19,7 @@ from daemonkit import DaemonProc, wait_for
 
 from agent_2pc import Agent2PC
 from agent_2pc.daemon import protocol
-from agent_2pc.errors import DaemonUnavailable, TransactionAborted
+from agent_2pc.errors import DaemonUnavailable, TransactionAborted, UnknownTid, UsageError
 
 TID = re.compile(r"tx-\d{8}-\d{6}-[0-9a-f]{6}")
 
@@ -385,3 +385,40 @@ def test_steps_that_run_commands_work_beside_the_daemon(root: str, tmp_path: Any
         assert f.read() == b"\x00from a file\xff"
     with open(os.path.join(root, "batch.txt")) as f:
         assert f.read() == "from a manifest\n"
+
+
+def test_a_big_daemon_log_is_set_aside_at_start_so_it_stays_bounded(root: str) -> None:
+    log = os.path.join(root, ".agent-tx", "daemon.log")
+    old = b"an old line\n" * (200_000)  # 2.4 MiB, over the 1 MiB bound
+    with open(log, "wb") as f:
+        f.write(old)
+    with open(log + ".1", "wb") as f:
+        f.write(b"the one before\n")
+    status, _ = cli(root, "daemon", "start")
+    try:
+        assert status == 0
+        with open(log + ".1", "rb") as f:
+            assert f.read() == old  # the previous .1 replaced
+        assert os.path.getsize(log) < 1 << 20
+    finally:
+        assert cli(root, "daemon", "stop")[0] == 0
+
+
+def test_the_daemon_pages_the_list_as_the_library_does(root: str) -> None:
+    direct = Agent2PC(root, daemon=False)
+    tids = []
+    for i in range(3):
+        tx = direct.begin(label=f"p{i}")
+        tx.commit()
+        tids.append(tx.tid)
+    with DaemonProc(root):
+        client = Agent2PC(root)
+        assert client.via_daemon
+        assert [r["tid"] for r in client.transactions(limit=2)] == tids[1:]
+        assert [r["tid"] for r in client.transactions(limit=2, before=tids[1])] == tids[:1]
+        with pytest.raises(UnknownTid):
+            client.transactions(before="tx-20000101-000000-abcdef")
+        with pytest.raises(UsageError):
+            client.transactions(limit=0)
+        client.close()
+    direct.close()

@@ -19,6 +19,7 @@ from conftest import read, write
 from agent_2pc import Agent2PC
 from agent_2pc.errors import BadState, NotFound, Tampered, TransactionAborted, UnknownTid
 from agent_2pc.storage import history
+from agent_2pc.storage.history_store import Store
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,7 +109,7 @@ def test_undo_works_after_compaction_and_in_a_new_process(client, root):
             tx.stage_write(f"other{i}.txt", f"{i}\n")
     client.compact()
     assert tid not in client.engine.txs  # only in the history now
-    line = history.lookup(os.path.join(root, ".agent-tx", "history.jsonl"), tid)
+    line = Store(os.path.join(root, ".agent-tx", "history.jsonl")).lookup(tid)
     assert line is not None and {c["path"] for c in line["changes"]} == {
         "gone.txt", "mod.sh", "sub/new.txt"}
     code, out = cli(root, "undo", "--tid", tid)

@@ -47,6 +47,10 @@ POINTS: dict[str, str] = {
     "sql.after_commit_prepared": "COMMIT PREPARED done (after the files); not recorded in the "
     "log",
     "compact.after_history": "finished transactions are in history.jsonl; log not replaced",
+    "history.seal.after_index": "the history index names a new sealed segment; history.jsonl "
+    "not yet renamed to it",
+    "history.trim.after_index": "the history index no longer names the segments retention "
+    "cut; their files not yet removed",
     "undo.after_stage": "an undo transaction is staged (from what the undone one put); not "
     "committed",
     "compact.before_rename": "the compacted log is written and synced, not yet in place",

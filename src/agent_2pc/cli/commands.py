@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..core.paging import LIST_LIMIT, LIST_LIMIT_MAX
 from ..errors import UsageError
 from . import distributed
 from .args import FLAG, MULTI, Command, Opt, int_arg
@@ -230,7 +231,13 @@ def run_list(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
 
     if args["state"] is not None and args["state"] not in STATES:
         raise UsageError(f"--state is one of {', '.join(STATES)}")
-    return {"transactions": ctx.client().transactions(args["state"])}
+    limit = LIST_LIMIT if args["limit"] is None else args["limit"]
+    if not 0 < limit <= LIST_LIMIT_MAX:
+        raise UsageError(f"--limit is a whole number from 1 to {LIST_LIMIT_MAX}",
+                         params=("limit",))
+    rows = ctx.client().transactions(args["state"], limit=limit + 1, before=args["before"])
+    # One more than the page: is there an older one? (--before the first row's tid)
+    return {"transactions": rows[-limit:], "more": len(rows) > limit}
 
 
 def run_savepoint(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
@@ -583,7 +590,11 @@ COMMANDS: tuple[Command, ...] = (
         Opt("--tid", metavar="TID", help="show this transaction in detail"),),
         extra={"text": text_transactions}),
     Command("list", "list transactions, finished ones included", run_list, (
-        Opt("--state", metavar="S", help="only those in state S (active, committed, ...)"),),
+        Opt("--state", metavar="S", help="only those in state S (active, committed, ...)"),
+        Opt("--limit", type=int_arg, metavar="N",
+            help=f"the N newest (default {LIST_LIMIT})"),
+        Opt("--before", metavar="TID", help="those listed before TID (the next page: the "
+            "first tid of this one)")),
         extra={"text": text_transactions}),
     Command("savepoint", "mark a point to roll back to", run_savepoint, (
         TID, Opt("--name", required=True, metavar="N", help="the savepoint's name")),

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 
+from ..core.paging import LIST_LIMIT
 from ..errors import UsageError
 from ..storage.workspace import init as init_workspace
 from ._locate import check_writable, locate_root
@@ -100,7 +101,8 @@ class Agent2PC:
         trust(found)
         engine = Engine(found, recover_dead=False)
         try:
-            return {"root": found, "transactions": engine.transactions(finished=False)}
+            return {"root": found, "transactions": engine.transactions(finished=False,
+                                                                       limit=None)}
         finally:
             engine.close()
 
@@ -132,6 +134,13 @@ class Agent2PC:
     def compact(self) -> dict[str, Any]:
         return self.engine.compact()
 
+    def transactions(self, state: str | None = None, *, limit: int | None = LIST_LIMIT,
+                     before: str | None = None) -> list[dict[str, Any]]:
+        """The ``limit`` newest transactions (None: all), oldest first: finished ones in the
+        order they finished, then the live ones. The next page, older: ``before=`` the first
+        row's tid. Reads the history from its end, as far as the page needs."""
+        return self.engine.transactions(state, limit=limit, before=before)
+
     def decide(self, tid: str, outcome: str, reason: str | None = None) -> dict[str, Any]:
         """The decision of an outside coordinator for ``tid`` ("commit" or "abort"), from any
         process (docs/library.md, "Decided by an outside coordinator"): a prepared transaction
@@ -143,9 +152,6 @@ class Agent2PC:
         """The prepared transactions waiting for their coordinators:
         ``[{tid, coordinator, prepared_ms, files}]``."""
         return self.engine.in_doubt()
-
-    def transactions(self, state: str | None = None) -> list[dict[str, Any]]:
-        return self.engine.transactions(state)
 
     def undo(self, tid: str) -> dict[str, Any]:
         """Take back the committed transaction ``tid`` as a new transaction: each file it

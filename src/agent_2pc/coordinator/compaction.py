@@ -96,8 +96,8 @@ class Compaction:
         """The tids of the ``n`` latest committed transactions (log and history)."""
         if n <= 0:
             return set()
-        rows = self.journal.transactions("committed")
-        return {row["tid"] for row in rows[-n:]}
+        rows = self.journal.transactions("committed", limit=n)  # read from the end
+        return {row["tid"] for row in rows}
 
     def _gc_due(self) -> bool:
         try:

@@ -17,6 +17,7 @@ The engine tails the log before each step, so it sees what other processes appen
 
 from __future__ import annotations
 
+from ..core.paging import LIST_LIMIT, LIST_LIMIT_MAX
 from ..core.records import now_ms as now_ms
 from ..core.states import ABORTED, ACTIVE, COMMITTED, IN_FLIGHT, PREPARED
 from ..errors import NotInitialized, TransactionAborted, UsageError
@@ -253,9 +254,17 @@ class Engine:
     def collect_garbage(self) -> dict[str, int]:
         return self.compaction.collect_garbage()
 
-    def transactions(self, state: str | None = None, *, finished: bool = True
+    def transactions(self, state: str | None = None, *, finished: bool = True,
+                     limit: int | None = LIST_LIMIT, before: str | None = None
                      ) -> list[dict[str, Any]]:
-        return self.journal.transactions(state, finished=finished)
+        """The ``limit`` newest transactions (before ``before``), oldest first (journal.py)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
+                                  or not 0 < limit <= LIST_LIMIT_MAX):
+            raise UsageError(f"`limit` must be a whole number from 1 to {LIST_LIMIT_MAX}",
+                             params=("limit",))
+        if before is not None and not isinstance(before, str):
+            raise UsageError("`before` is a transaction id", params=("before",))
+        return self.journal.transactions(state, finished=finished, limit=limit, before=before)
 
     def locked(self, tid: str) -> Held:
         return self.gate.locked(tid)

@@ -29,48 +29,54 @@ FIELDS = ("tid", "label", "state", "created_at", "files", "checks", "code", "rea
 
 
 def entries(journal: Journal, limit: int | None = None) -> list[dict[str, Any]]:
-    """The log's entries, newest first (at most ``limit``)."""
+    """The log's entries, newest first (at most ``limit``). Reads the history from its end,
+    as far as the page needs."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
                               or not 0 < limit <= LIMIT_MAX):
         raise UsageError(f"`limit` must be a whole number from 1 to {LIMIT_MAX}",
                          params=("limit",))
     with journal.log.lock:  # no compaction moves lines between what we read of both
         journal.refresh()
-        lines = history.all_entries(journal.layout.history)
         pending = [summary(tx) for tx in journal.finished()]
-        prev = _tip(journal.layout.history, {s["tid"] for s in pending})
-    written = {line["tid"] for line in lines}
-    pending = history.seal([s for s in pending if s["tid"] not in written], prev)
-    undone_by: dict[str, str] = {}
-    out = []
-    for line, compacted in [(ln, True) for ln in lines] + [(ln, False) for ln in pending]:
-        entry = {k: line.get(k) for k in FIELDS if k in line}
-        entry["at"] = line.get("ended_at")
-        entry["hash"], entry["prev"] = line.get("hash"), line.get("prev")
-        if not compacted:
-            entry["compacted"] = False
-        out.append(entry)
-        undoes = line.get("undoes")
-        if undoes and line.get("state") == "committed":
-            undone_by[undoes] = line["tid"]
-    for entry in out:
-        entry["undone_by"] = undone_by.get(str(entry["tid"]))
-    out.reverse()
-    return out[:limit] if limit is not None else out
+        prev, written = _tip(journal, {s["tid"] for s in pending})
+        pending = history.seal([s for s in pending if s["tid"] not in written], prev)
+        undone_by: dict[str, str] = {}
+        out: list[dict[str, Any]] = []
+        lines = journal.history.newest_first()
+        for line, compacted in [(ln, False) for ln in reversed(pending)] + [(None, True)]:
+            for ln in (lines if line is None else (line,)):
+                if limit is not None and len(out) >= limit:
+                    break
+                entry = {k: ln.get(k) for k in FIELDS if k in ln}
+                entry["at"] = ln.get("ended_at")
+                entry["hash"], entry["prev"] = ln.get("hash"), ln.get("prev")
+                if not compacted:
+                    entry["compacted"] = False
+                entry["undone_by"] = undone_by.get(str(ln["tid"]))  # undos end later
+                undoes = ln.get("undoes")
+                if undoes and ln.get("state") == "committed":
+                    undone_by.setdefault(undoes, ln["tid"])
+                out.append(entry)
+        lines.close()
+    return out
 
 
-def _tip(path: str, pending: set[str]) -> str:
-    """The hash the next history line chains to."""
+def _tip(journal: Journal, pending: set[str]) -> tuple[str, set[str]]:
+    """The hash the next history line chains to, and the tids of ``pending`` already at the
+    end of history.jsonl (a compaction that crashed before it replaced the log wrote them)."""
+    store = journal.history
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(store.current, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return history.GENESIS
+        return store.start_hash() or history.GENESIS, set()
     try:
         size = os.fstat(fd).st_size
         end = size
         if size and os.pread(fd, 1, size - 1) != b"\n":  # a torn line, cut at the next append
             end = history.last_newline(fd, size)
-        return history.tip(fd, end, pending)[0]
+        if end == 0:
+            return store.start_hash() or history.GENESIS, set()
+        return history.tip(fd, end, pending)
     finally:
         os.close(fd)
 

@@ -16,10 +16,12 @@ from _thread import RLock
 
 from .. import crashpoints
 from ..core import confine, records
+from ..core.paging import LIST_LIMIT
 from ..core.states import COMMITTED, FINISHED, IllegalTransition, Tx, apply_record
 from ..errors import CorruptWal, UnknownTid
 from ..storage import history
 from ..storage.durable import fsync_dir
+from ..storage.history_store import NotInHistory, Store
 from ..storage.locks import FileLock, byte_for
 from ..storage.log import Batch, Log, PausedGc
 from ..storage.workspace import log_check
@@ -55,6 +57,7 @@ class Journal:
         self._mutex = RLock()
         self._tx_locks: dict[str, FileLock] = {}
         self._ends: dict[str, int] = {}  # finished tid -> its place in the log's end records
+        self.history = Store(layout.history, layout.history_head)
 
     def close(self) -> None:
         self.log.close()
@@ -104,12 +107,15 @@ class Journal:
                 if any(tx.state == COMMITTED for tx in finished):
                     fsync_dir(self.layout.preimages)  # what undo needs, named by history
                 history.append(self.layout.history, [summary(tx) for tx in finished],
-                               self.layout.history_head)
+                               self.layout.history_head, self.history.start_hash())
                 crashpoints.hit("compact.after_history")
                 live = {tid: tx for tid, tx in self.txs.items() if tx.state not in FINISHED}
                 after = self.log.replace([f for tx in live.values() for f in tx.frames])
                 self.txs = live  # the new log is exactly these: nothing to read back
                 self._ends = {}
+                # After the log is replaced: the tids just appended must stay at the end of
+                # history.jsonl until then (a compaction that crashed finds them there).
+                self.history.seal_if_due()
             finally:
                 self.log.lock.release()
         return before, after
@@ -130,7 +136,7 @@ class Journal:
         tx = self.txs.get(tid)
         if tx is not None:
             return tx
-        entry = history.lookup(self.layout.history, tid)
+        entry = self.history.lookup(tid)
         if entry is None:
             raise UnknownTid(f"no transaction {tid} in this workspace", tid=tid)
         return entry
@@ -140,19 +146,60 @@ class Journal:
         tx = self.txs.get(tid)
         return tx is not None and tx.state not in FINISHED
 
-    def transactions(self, state: str | None = None, *, finished: bool = True
+    def transactions(self, state: str | None = None, *, finished: bool = True,
+                     limit: int | None = LIST_LIMIT, before: str | None = None
                      ) -> list[dict[str, Any]]:
-        """A row per transaction (the history's too, with ``finished``), oldest first."""
+        """A row per transaction, oldest first: the history's (with ``finished``) in the order
+        they finished, then the log's finished ones in that order, then the live ones by
+        creation. At most the ``limit`` newest (None: all) of those before ``before`` (a tid;
+        UnknownTid if it is nowhere). Reads the history from its end, as far as the page
+        needs: the cost is the page's, not the history's."""
         self.refresh()
-        rows = {tid: tx.summary() for tid, tx in self.txs.items()}
-        if finished:
-            for entry in history.all_entries(self.layout.history):
-                if entry["tid"] not in rows:
-                    rows[entry["tid"]] = {k: entry.get(k) for k in
-                                          ("tid", "state", "label", "created_at", "ops")}
-        out = [r for r in rows.values() if state is None or r["state"] == state]
-        out.sort(key=lambda r: (r["created_at"] or "", r["tid"]))
-        return out
+        done = self.finished()
+        live = sorted((tx for tx in self.txs.values() if tx.state not in FINISHED),
+                      key=lambda tx: (tx.created_ms or 0, tx.tid))
+        in_log = [tx.summary() for tx in done + live]
+        rows: list[dict[str, Any]] = []
+        seen = {r["tid"] for r in in_log}
+        older_than: str | None = None  # the history's lines older than this tid's
+        if before is not None:
+            at = next((i for i, r in enumerate(in_log) if r["tid"] == before), None)
+            if at is not None:
+                in_log = in_log[:at]
+            elif not finished:
+                raise UnknownTid(f"no transaction {before} in this workspace", tid=before)
+            else:
+                older_than, in_log = before, []
+
+        def want(row: dict[str, Any]) -> bool:
+            return state is None or row["state"] == state
+
+        for row in reversed(in_log):
+            if limit is not None and len(rows) >= limit:
+                break
+            if want(row):
+                rows.append(row)
+        # The history holds finished transactions only: a filter on another state stops here
+        # (a filter on a finished state reads back until its page is full).
+        if finished and (state is None or state in FINISHED) and (
+                limit is None or len(rows) < limit):
+            try:
+                for entry in self.history.newest_first(older_than):
+                    if entry["tid"] in seen:
+                        continue
+                    row = {k: entry.get(k) for k in ("tid", "state", "label", "created_at",
+                                                     "ops")}
+                    if want(row):
+                        rows.append(row)
+                        if limit is not None and len(rows) >= limit:
+                            break
+            except NotInHistory:
+                raise UnknownTid(f"no transaction {before} in this workspace",
+                                 tid=before) from None
+        elif older_than is not None and self.history.lookup(older_than) is None:
+            raise UnknownTid(f"no transaction {before} in this workspace", tid=before)
+        rows.reverse()
+        return rows
 
     # -- transaction locks and liveness ------------------------------------------------------
 

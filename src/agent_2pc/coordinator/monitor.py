@@ -203,10 +203,12 @@ class _Stop(Exception):
 
 
 class _History:
-    """R5: history.jsonl, tailed. Keeps its bytes, and per tid its state, in the order of its
-    latest line; a line is parsed only when it is shown (found again by its tid). Lines as
-    engine.summary writes them (tid and state first) are indexed by one regular expression over
-    all that is read (C speed: 10k lines in a few ms); any other line is parsed as JSON."""
+    """R5: the history: its sealed segments (history/, read whole, again after each seal) and
+    history.jsonl, tailed. Keeps their bytes (bounded by the history's retention), and per tid
+    its state, in the order of its latest line; a line is parsed only when it is shown (found
+    again by its tid). Lines as engine.summary writes them (tid and state first) are indexed
+    by one regular expression over all that is read (C speed: 10k lines in a few ms); any
+    other line is parsed as JSON."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -222,23 +224,39 @@ class _History:
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
-            if self.ino is not None:
-                self.__init__(self.path)  # type: ignore[misc]
-            return
-        if st.st_ino != self.ino or st.st_size < self.offset:
+            st = None
+        ino = st.st_ino if st is not None else -1
+        if ino != self.ino or (st is not None and st.st_size < self.offset):
+            # A new history.jsonl (compaction sealed the last one into history/): read the
+            # sealed segments again, then this file from its start.
             self.__init__(self.path)  # type: ignore[misc]
-            self.ino = st.st_ino
-        if st.st_size == self.offset:
+            self.ino = ino
+            self._read_sealed()
+        if st is None or st.st_size == self.offset:
             return
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             new = f.read(st.st_size - self.offset)
+        self.offset += self._feed(new)
+
+    def _read_sealed(self) -> None:
+        from ..storage.history_store import Store
+
+        store = Store(self.path)
+        for seg in store.index()["segments"]:
+            try:
+                with open(store.segment_path(seg["seq"]), "rb") as f:
+                    self._feed(f.read())
+            except FileNotFoundError:
+                continue  # cut by retention meanwhile, or a seal not finished
+
+    def _feed(self, new: bytes) -> int:
+        """Take in the complete lines of ``new``; returns how many bytes they are."""
         end = new.rfind(b"\n") + 1  # a line cut short by a crash is written again later
         if end == 0:
-            return
+            return 0
         base = len(self.data)
         self.data += memoryview(new)[:end]
-        self.offset += end
         pairs = _HISTORY_HEAD.findall(new, 0, end)
         states = self.states
         if len(pairs) == new.count(b"\n", 0, end):  # every line as summary() writes it
@@ -259,6 +277,7 @@ class _History:
         if hit != -1:
             self.interrupted = base + hit
         self.version += 1
+        return end
 
     def _line_at(self, pos: int) -> dict[str, Any] | None:
         start = self.data.rfind(b"\n", 0, pos) + 1

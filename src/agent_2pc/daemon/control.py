@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 60.0
 LOG_NAME = "daemon.log"
+LOG_BYTES_MAX = 1 << 20  # at a start, a bigger daemon.log becomes daemon.log.1
 
 
 def _call(root: str, method: str, params: dict[str, Any] | None = None) -> Any:
@@ -81,8 +82,13 @@ def start(root: str, reap_interval_ms: int | None = None) -> dict[str, Any]:
             "--foreground", "--json"]
     if reap_interval_ms is not None:
         argv += ["--reap-interval-ms", str(reap_interval_ms)]
-    log = os.open(os.path.join(root, ".agent-tx", LOG_NAME),
-                  os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    log_path = os.path.join(root, ".agent-tx", LOG_NAME)
+    try:
+        if os.path.getsize(log_path) > LOG_BYTES_MAX:  # one older log kept: daemon.log.1
+            os.replace(log_path, log_path + ".1")
+    except FileNotFoundError:
+        pass
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                  stderr=log, start_new_session=True, close_fds=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 
+from ..core.paging import LIST_LIMIT
 from ..errors import UsageError
 
 TYPE_CHECKING = False
@@ -116,9 +117,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     _m("abort", lambda e, p: e.abort(p["tid"], p.get("reason")), ("tid",), reason=_OPT_STR),
     _m("recover", lambda e, p: e.recover()),
     _m("compact", lambda e, p: e.compact(p.get("gc", True)), gc=_BOOL),
-    _m("transactions", lambda e, p: e.transactions(p.get("state"),
-                                                    finished=p.get("finished", True)),
-       state=_OPT_STR, finished=_BOOL),
+    _m("transactions", lambda e, p: e.transactions(
+        p.get("state"), finished=p.get("finished", True),
+        limit=p["limit"] if "limit" in p else LIST_LIMIT, before=p.get("before")),
+       state=_OPT_STR, finished=_BOOL, limit=_OPT_INT, before=_OPT_STR),
     _m("status", lambda e, p: e.status(p.get("tid")), tid=_OPT_STR),
     _m("record_read", lambda e, p: e.record_read(p["tid"], p["path"]), _TP),
     _m("read", _read, _TP),

@@ -20,6 +20,7 @@ import json
 import os
 from _thread import allocate_lock
 
+from ..core.paging import LIST_LIMIT
 from ..errors import DaemonUnavailable
 from . import protocol
 
@@ -147,9 +148,11 @@ class RemoteEngine:
     def compact(self, gc: bool = True) -> dict[str, Any]:
         return self.call("compact", {"gc": gc})  # type: ignore[no-any-return]
 
-    def transactions(self, state: str | None = None, *, finished: bool = True
+    def transactions(self, state: str | None = None, *, finished: bool = True,
+                     limit: int | None = LIST_LIMIT, before: str | None = None
                      ) -> list[dict[str, Any]]:
-        return self.call("transactions", {"state": state, "finished": finished})  # type: ignore
+        return self.call("transactions", {"state": state, "finished": finished,  # type: ignore
+                                          "limit": limit, "before": before})
 
     def status(self, tid: str | None = None) -> dict[str, Any]:
         return self.call("status", {"tid": tid})  # type: ignore[no-any-return]

@@ -3,8 +3,9 @@
 Compaction writes (and fsyncs) the lines before it drops the transactions' records from the
 log. A crash in between leaves lines that the next compaction finds at the end of the file
 and does not write again; a line cut short by a crash (no newline yet) is cut off before the
-next append (its transaction is still in the log). Readers keep the last line of a tid. Lookups
-by tid scan the file, which only happens for transactions no longer in the log.
+next append (its transaction is still in the log). Readers keep the last line of a tid.
+Reading from the end, finding a tid, sealing the file into segments and retention are
+history_store.py's.
 
 The lines form a hash chain (docs/format.md, "history.jsonl"): each line carries ``prev``, the
 ``hash`` of the line before it, and its own ``hash``, the SHA-256 of the canonical JSON (RFC
@@ -105,10 +106,12 @@ def tip(fd: int, size: int, pending: set[str]) -> tuple[str, set[str]]:
     return str(h.hexdigest()), written
 
 
-def append(path: str, summaries: list[dict[str, Any]], head: str | None = None) -> int:
+def append(path: str, summaries: list[dict[str, Any]], head: str | None = None,
+           start: str | None = None) -> int:
     """Chain and append the lines of ``summaries`` (those not already at the end of the file)
     and sync them; then record the new end in ``head``. Returns the number of lines written.
-    The caller holds the log's lock (compactions are serial)."""
+    ``start``: the hash an empty file's first line chains to (the last line of the sealed
+    segments, history_store.py). The caller holds the log's lock (compactions are serial)."""
     if not summaries:
         return 0
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -120,6 +123,8 @@ def append(path: str, summaries: list[dict[str, Any]], head: str | None = None) 
             fsync_fd(fd)
             size = cut
         prev, written = tip(fd, size, {s["tid"] for s in summaries})
+        if size == 0 and start:
+            prev = start
         lines = seal([s for s in summaries if s["tid"] not in written], prev)
         if lines:
             data = "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
@@ -168,56 +173,100 @@ class ChainBroken(Exception):
 
 
 def verify(path: str, head: str | None = None) -> dict[str, int]:
-    """Check the chain of the whole file: ``{verified, unchained}`` (chained lines checked;
-    lines an earlier version wrote without hashes, covered by the first chained line's
-    ``prev``), or ChainBroken naming the first line that fails. A last line without its
-    newline (a crash during an append, before the log was replaced) is not counted."""
+    """Check the chain of the whole history (the sealed segments kept, then history.jsonl):
+    ``{verified, unchained}`` (chained lines checked; lines an earlier version wrote without
+    hashes, covered by the first chained line's ``prev``), and ``trimmed`` once retention cut
+    lines (their count; the index keeps the last one's hash as the chain's start), or
+    ChainBroken naming the first line that fails (numbered from the first line kept). A last
+    line without its newline (a crash during an append, before the log was replaced) is not
+    counted."""
+    from .history_store import Store
+
+    store = Store(path)
+    index = store.index()
+    base = index.get("base")
+    state = _Chain(str(base["hash"]) if base and base.get("hash") else None)
+    segments = index["segments"]
+    sealed_end: tuple[int, str | None] | None = None  # the last sealed segment's (size, hash)
+    for i, seg in enumerate(segments):
+        try:
+            with open(store.segment_path(seg["seq"]), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            if i == len(segments) - 1:
+                continue  # a seal interrupted before its rename: the lines are in path
+            raise ChainBroken(state.n + 1, None, f"sealed segment {seg['seq']} of the "
+                              "history is missing (removed by hand?)") from None
+        state.feed(data)
+        sealed_end = (len(data), state.prev)
     try:
         with open(path, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         data = b""
-    end = data.rfind(b"\n") + 1
-    prefix = hasher(len(data))
-    prev: str | None = None
-    verified = unchained = 0
-    offset = 0
-    ends: dict[int, str] = {}  # byte offset after a chained line -> its hash
-    for n, line in enumerate(data[:end].split(b"\n")[:-1], 1):
-        obj = _parse(line)
-        tid = obj.get("tid") if obj is not None and isinstance(obj.get("tid"), str) else None
-        chained = obj is not None and "hash" in obj
-        if prev is None and not chained:
-            prefix.update(line + b"\n")  # before the chain began
-            unchained += 1
-        else:
-            if obj is None:
-                raise ChainBroken(n, None, "not a JSON object (edited or damaged)")
-            if not chained:
-                raise ChainBroken(n, tid, "no hash inside the chain (added or edited)")
-            want_prev = str(prefix.hexdigest()) if prev is None else prev
-            if obj.get("prev") != want_prev:
-                raise ChainBroken(n, tid, "its prev is not the hash of the line before it "
-                                  "(a line was deleted, moved or inserted before it)")
-            if obj["hash"] != line_hash(obj):
-                raise ChainBroken(n, tid, "its hash does not match its content (edited)")
-            prev = obj["hash"]
-            verified += 1
-        offset += len(line) + 1
-        if prev is not None and chained:
-            ends[offset] = prev
+    ends: dict[int, str] = {}
+    if state.prev is not None:
+        ends[0] = state.prev
+    end = state.feed(data, ends)
     if head is not None:
-        _check_head(head, ends, end, verified + unchained)
-    return {"verified": verified, "unchained": unchained}
+        _check_head(head, ends, end, state.n, sealed_end)
+    out = {"verified": state.verified, "unchained": state.unchained}
+    if base:
+        out["trimmed"] = int(base.get("lines") or 0)
+    return out
 
 
-def _check_head(head: str, ends: dict[int, str], size: int, lines: int) -> None:
+class _Chain:
+    """The chain checked so far, line by line, across files."""
+
+    def __init__(self, prev: str | None) -> None:
+        self.prev = prev
+        self.prefix = hasher(0)
+        self.n = self.verified = self.unchained = 0
+
+    def feed(self, data: bytes, ends: dict[int, str] | None = None) -> int:
+        """Check the complete lines of ``data``; returns where they end. ``ends`` gets the
+        byte offset after each chained line -> its hash."""
+        end = data.rfind(b"\n") + 1
+        offset = 0
+        for line in data[:end].split(b"\n")[:-1]:
+            self.n += 1
+            n = self.n
+            obj = _parse(line)
+            tid = obj.get("tid") if obj is not None and isinstance(obj.get("tid"), str) else None
+            chained = obj is not None and "hash" in obj
+            if self.prev is None and not chained:
+                self.prefix.update(line + b"\n")  # before the chain began
+                self.unchained += 1
+            else:
+                if obj is None:
+                    raise ChainBroken(n, None, "not a JSON object (edited or damaged)")
+                if not chained:
+                    raise ChainBroken(n, tid, "no hash inside the chain (added or edited)")
+                want_prev = str(self.prefix.hexdigest()) if self.prev is None else self.prev
+                if obj.get("prev") != want_prev:
+                    raise ChainBroken(n, tid, "its prev is not the hash of the line before it "
+                                      "(a line was deleted, moved or inserted before it)")
+                if obj["hash"] != line_hash(obj):
+                    raise ChainBroken(n, tid, "its hash does not match its content (edited)")
+                self.prev = obj["hash"]
+                self.verified += 1
+            offset += len(line) + 1
+            if ends is not None and self.prev is not None and chained:
+                ends[offset] = self.prev
+        return end
+
+
+def _check_head(head: str, ends: dict[int, str], size: int, lines: int,
+                sealed_end: tuple[int, str | None] | None = None) -> None:
     try:
         with open(head, "rb") as f:
             mark = json.loads(f.read())
         want, last = int(mark["bytes"]), str(mark["hash"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):
         return  # no head (no chained append yet, or lost): the chain alone
+    if sealed_end == (want, last):
+        return  # the head of the file that was sealed since (a crash before the head moved)
     if want > size:
         raise ChainBroken(lines + 1, None, f"the history ends at byte {size}, but it held "
                           f"{want} bytes after the latest compaction (lines were cut off "
@@ -225,46 +274,3 @@ def _check_head(head: str, ends: dict[int, str], size: int, lines: int) -> None:
     if ends.get(want) != last:
         raise ChainBroken(lines, None, f"the line that ended at byte {want} after the latest "
                           "compaction is not there any more (edited, deleted or moved)")
-
-
-def _lines(path: str) -> Iterator[dict[str, Any]]:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return
-    for line in data.splitlines():
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):
-            continue  # a line cut short by a crash during append; it is written again
-        if isinstance(obj, dict) and "tid" in obj:
-            yield obj
-
-
-def lookup(path: str, tid: str) -> dict[str, Any] | None:
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return None
-    needle = f'"tid":"{tid}"'.encode()
-    found = None
-    start = data.find(needle)
-    while start != -1:
-        line_start = data.rfind(b"\n", 0, start) + 1
-        line_end = data.find(b"\n", start)
-        try:
-            found = json.loads(data[line_start:line_end if line_end != -1 else None])
-        except (ValueError, RecursionError):
-            pass
-        start = data.find(needle, start + 1)
-    return found
-
-
-def all_entries(path: str) -> list[dict[str, Any]]:
-    latest: dict[str, dict[str, Any]] = {}
-    for obj in _lines(path):
-        latest.pop(obj["tid"], None)
-        latest[obj["tid"]] = obj
-    return list(latest.values())

@@ -16,6 +16,7 @@ Layout (docs/format.md has the details)::
                        a process works on that transaction (tells liveness)
       tx/<tid>/        per-transaction scratch, for steps that need one
       history.jsonl    one line per finished transaction, moved out of the log by compaction
+      history/         sealed segments of the history and their index (history_store.py)
       history.head     where history.jsonl's hash chain ended after the latest compaction
       trash/           what is being deleted in the background
 

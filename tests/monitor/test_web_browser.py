@@ -56,12 +56,12 @@ def test_a_user_watches_a_transaction_appear_opens_it_reads_its_diff_and_aborts_
         tx.rollback_to("before-notes")
         tx.stage_cmd("echo all 3 checks passed")
         # It appears without a reload, live.
-        page.wait_for_selector(f'tr[data-tid="{tx.tid}"] >> text=1 passed', timeout=5_000)
+        page.wait_for_selector(f'tr[data-tid="{tx.tid}"] >> text=1 passed', timeout=15_000)
         row = page.inner_text(f'tr[data-tid="{tx.tid}"]')
         assert "add sub()" in row and "active" in row
         # Open it: steps graph, diff with highlighting, the check's log.
         page.click(f'a[href="#/tx/{tx.tid}"]')
-        page.wait_for_selector("#txid", timeout=5_000)
+        page.wait_for_selector("#txid", timeout=15_000)
         assert page.inner_text("#txid") == tx.tid
         nodes = page.locator("#graph svg g.node")
         assert nodes.count() == 6  # begin, stage, savepoint, stage (undone), rollback, check
@@ -73,16 +73,16 @@ def test_a_user_watches_a_transaction_appear_opens_it_reads_its_diff_and_aborts_
         assert "NOTES.md" not in diff  # rolled back
         page.click("details.log summary")
         # (The page's CSP forbids eval, so waits are locators, not wait_for_function.)
-        page.locator("details.log pre", has_text="all 3 checks").wait_for(timeout=5_000)
+        page.locator("details.log pre", has_text="all 3 checks").wait_for(timeout=15_000)
         # Abort it from the page (a confirm dialog first).
         page.on("dialog", lambda d: d.accept())
         page.click("#abort")
-        page.wait_for_selector(".txhead .pill.s-aborted", timeout=5_000)
+        page.wait_for_selector(".txhead .pill.s-aborted", timeout=15_000)
         assert tx.state() == "aborted"
         assert page.locator("#abort").count() == 0
         # Back on the list, it is among the recently finished.
         page.click('nav a[data-nav="home"]')
-        page.wait_for_selector(f'#recent a[href="#/tx/{tx.tid}"]', timeout=5_000)
+        page.wait_for_selector(f'#recent a[href="#/tx/{tx.tid}"]', timeout=15_000)
         # Without the token: refused.
         assert page.request.get(web.base + "/api/transactions").status == 401
         assert page.request.get(web.base + "/static/app.js").status == 401
@@ -120,7 +120,7 @@ def test_the_page_reconnects_when_the_event_stream_drops(root, browser, client):
         web = Web(root, "--port", str(port), env=env)  # the same URL serves again
         tx = client.begin(label="after the drop")
         page.wait_for_selector(f'tr[data-tid="{tx.tid}"]', timeout=15_000)
-        page.wait_for_selector("#live.on", timeout=5_000)
+        page.wait_for_selector("#live.on", timeout=15_000)
         assert errors == []
     finally:
         web.stop()
@@ -135,10 +135,10 @@ def test_history_pages_through_many_transactions(root, browser, client):
         assert page.locator("#history tbody tr").count() == 50
         assert "old 119" in page.inner_text("#history tbody tr:first-child")
         page.click("text=older →")
-        page.locator("text=page 2 of 3").wait_for(timeout=5_000)
+        page.locator("text=page 2 of 3").wait_for(timeout=15_000)
         t0 = time.monotonic()
         page.goto(web.url + "#/history?state=aborted&page=3")
-        page.locator("text=page 3 of 3").wait_for(timeout=5_000)
+        page.locator("text=page 3 of 3").wait_for(timeout=15_000)
         assert page.locator("#history tbody tr").count() == 20
         assert "old 0" in page.inner_text("#history tbody tr:last-child")
         assert time.monotonic() - t0 < 5

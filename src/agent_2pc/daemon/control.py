@@ -16,6 +16,7 @@ import sys
 import time
 
 from .. import errors
+from ..storage import durable
 from . import protocol
 
 TYPE_CHECKING = False
@@ -85,7 +86,7 @@ def start(root: str, reap_interval_ms: int | None = None) -> dict[str, Any]:
     log_path = os.path.join(root, ".agent-tx", LOG_NAME)
     try:
         if os.path.getsize(log_path) > LOG_BYTES_MAX:  # one older log kept: daemon.log.1
-            os.replace(log_path, log_path + ".1")
+            durable.rename(log_path, log_path + ".1")
     except FileNotFoundError:
         pass
     log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)

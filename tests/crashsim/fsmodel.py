@@ -12,7 +12,8 @@ into micro-operations on inode numbers:
     trunc(ino, size)               a file's size
     chmod(ino, mode)
     fsync(ino)                     a barrier for that file (or directory)
-    sync                           a barrier for everything
+    sync                           a barrier for everything (sync), or for everything on one
+                                   file system (syncfs: ``info`` names its inodes)
     mark(label, ...)               no effect: a command's answer, an HTTP request leaving ...
 
 Because operations name inodes, any subset of them applies cleanly (``materialize``): that is
@@ -596,8 +597,17 @@ class Interpreter:
         self._emit(Op("sync"), call)
 
     def _c_syncfs(self, call: Call) -> None:
-        if self._ofd(call, call.args[0]) is not None:
-            self._emit(Op("sync"), call)
+        """A barrier for every file and directory of one file system (the descriptor's): its
+        op carries the inodes on that file system and whether it is the root's (whose
+        journal it commits). A failed one is no barrier: what it was to sync is unsure."""
+        ofd = self._ofd(call, call.args[0])
+        if ofd is None or ofd.ino is None or call.ret is None:
+            return
+        dev = self.live.nodes[ofd.ino].dev
+        inos = frozenset(i for i, n in self.live.nodes.items() if n.dev == dev)
+        root_dev = self.live.nodes[self.live.root_ino].dev == dev
+        self._emit(Op("sync", ino=ofd.ino, failed=not call.ok, label=call.errno or "",
+                      info={"inos": inos, "root_dev": root_dev}), call)
 
     def _c_copy_file_range(self, call: Call) -> None:
         if self._ofd(call, call.args[2]) is not None and call.ok and call.ret:

@@ -9,7 +9,10 @@ every figure next to a baseline measured in the same run, and the growth factors
                   process doing it, each variant in a child process of its own.
   b  big_tree     ``exec`` of a command creating 1k / 20k / 50k small files (100 per directory)
                   plus ``commit``, against the same command run on disk followed by
-                  ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file).
+                  ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file); and
+                  the same exec + commit with the batched durability off
+                  (``AGENT2PC_SYNCFS_MIN=0``: an fsync per file, as before issue 19 item 2)
+                  up to ``--unbatched-max`` files.
   c  history      step latency (CLI ``begin`` + ``stage-write`` + ``commit``; ``status``;
                   ``list``; ``status --tid`` of the oldest transaction) at 0 / 10k / 1M
                   finished transactions (history.jsonl generated from real compacted lines).
@@ -22,6 +25,7 @@ every figure next to a baseline measured in the same run, and the growth factors
                                           # commit costs 10 ms, as in docs/benchmarks.md)
     python benchmarks/scale.py --quick    # smaller sizes (14 min on a loaded 2-CPU host)
     python benchmarks/scale.py --smoke    # CI: tiny sizes, a few seconds
+    python benchmarks/scale.py --sections b --tree 1000,5000   # (b) at these sizes only
     python benchmarks/scale.py --sections a,d --save   # some sections; --save writes the JSON
                                                        # to benchmarks/results/ (clean src only)
 """
@@ -227,10 +231,12 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
             runs = 1 if n >= 20000 else mode["runs"]  # a 20k-file commit takes minutes here
             rows: dict[str, list[float]] = {k: [] for k in (
                 "on_disk_cmd", "on_disk_cmd_syncfs", "on_disk_cmd_fsync_each",
-                "tx_exec", "tx_commit", "tx_exec_commit")}
-            C.log(f"(b) {n} files: {runs} runs")
+                "tx_exec", "tx_commit", "tx_exec_commit", "unbatched_exec",
+                "unbatched_commit", "unbatched_exec_commit")}
+            sides = ["disk", "tx"] + (["unbatched"] if n <= mode["unbatched_max"] else [])
+            C.log(f"(b) {n} files: {runs} runs, {' '.join(sides)}")
             for i in range(runs):
-                for side in (("disk", "tx") if i % 2 == 0 else ("tx", "disk")):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
                     os.sync()
                     if side == "disk":
                         top = os.path.join(d.path, f"disk-{n}-{i}")
@@ -251,11 +257,14 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                         sh(["sh", "-c", 'find "$1" -print0 | xargs -0 sync', "sh", top2])
                         rows["on_disk_cmd_fsync_each"].append(C.now() - t0)
                     else:
-                        root = os.path.join(d.path, f"ws-{n}-{i}")
+                        root = os.path.join(d.path, f"ws-{side}-{n}-{i}")
                         os.makedirs(root)
                         sh([console, "--root", root, "init"], env=env)
                         os.sync()
                         wenv = dict(env, AGENT2PC_ROOT=root)
+                        if side == "unbatched":
+                            wenv["AGENT2PC_SYNCFS_MIN"] = "0"
+                        pre = "tx" if side == "tx" else "unbatched"
                         tid = sh([console, "begin"], env=wenv).strip()
                         t0 = C.now()
                         sh([console, "exec", "--tid", tid, "--json", "--", *maker_cmd, "out",
@@ -263,15 +272,21 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                         t1 = C.now()
                         sh([console, "commit", "--tid", tid], env=wenv)
                         t2 = C.now()
-                        rows["tx_exec"].append(t1 - t0)
-                        rows["tx_commit"].append(t2 - t1)
-                        rows["tx_exec_commit"].append(t2 - t0)
-            row = {k: median_ms(v) for k, v in rows.items()}
+                        rows[f"{pre}_exec"].append(t1 - t0)
+                        rows[f"{pre}_commit"].append(t2 - t1)
+                        rows[f"{pre}_exec_commit"].append(t2 - t0)
+            row = {k: median_ms(v) for k, v in rows.items() if v}
+            row["load_after"] = os.getloadavg()[0]
             row["runs"] = runs
             row["x_on_disk_syncfs"] = C.ratio(row["tx_exec_commit"], row["on_disk_cmd_syncfs"])
             row["x_on_disk_fsync_each"] = C.ratio(row["tx_exec_commit"],
                                                   row["on_disk_cmd_fsync_each"])
             row["tx_ms_per_file"] = C.r3(row["tx_exec_commit"] / n)
+            if "unbatched_exec_commit" in row:
+                row["x_unbatched_on_disk_syncfs"] = C.ratio(row["unbatched_exec_commit"],
+                                                            row["on_disk_cmd_syncfs"])
+                row["unbatched_commit_over_batched"] = C.ratio(row["unbatched_commit"],
+                                                               row["tx_commit"])
             out["sizes"][str(n)] = row
             for name in os.listdir(d.path):
                 delete_later(os.path.join(d.path, name))
@@ -547,11 +562,16 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CI: tiny sizes, a few seconds")
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--sections", default="abcde", help="which sections, e.g. a,c (default all)")
+    ap.add_argument("--tree", help="(b): these file counts instead, e.g. 1000,5000")
+    ap.add_argument("--unbatched-max", type=int, default=5000,
+                    help="(b): run the unbatched variant (an fsync per file) up to this size")
     ap.add_argument("--save", action="store_true",
                     help="also write the JSON to benchmarks/results/ (committed src/ only)")
     args = ap.parse_args()
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    mode = dict(MODES[name], name=name)
+    mode = dict(MODES[name], name=name, unbatched_max=args.unbatched_max)
+    if args.tree:
+        mode["tree"] = [int(x) for x in args.tree.split(",")]
     python = C.venv_python()
     env = C.bytecode_env(python)
     C.warm_bytecode(python, env)

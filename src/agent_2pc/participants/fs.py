@@ -415,9 +415,8 @@ class FileParticipant:
                     if k not in far and op.size <= min(INLINE_BYTES_MAX, budget):
                         inline[k] = self.blobs.read(op.blob)  # checked against its hash
                         budget -= op.size
-                self.blobs.make_durable([op.blob for k, op in writes
-                                         if op.blob and k not in inline],
-                                        batch=batching(len(changes)))
+                self.blobs.make_durable([op.blob for k, op in writes if op.blob and k not in
+                                         inline], batch=batching(len(changes)))
             except BlobCorrupt as exc:
                 self.blobs.discard(exc.digest)
                 path = next(op.path for _, op in writes if op.blob == exc.digest)

@@ -294,16 +294,15 @@ class _ApplyRun:
 
 
 class _Deferred:
-    """A rename into the tree that a batched apply does after its syncfs: ``src`` over
-    ``name`` in the directory ``parent``. ``untrusted``: ``src`` was written unsynced (a copy,
-    or the ``blob`` of a small file), so a failed syncfs drops it."""
+    """A rename into the tree that a batched apply does after its syncfs: ``src`` (the blob
+    ``blob``, or a copy of it) over ``name`` in the directory ``parent``; ``inline``: the
+    decision carries the content (a small file)."""
 
-    __slots__ = ("src", "name", "parent", "untrusted", "blob")
+    __slots__ = ("src", "name", "parent", "blob", "inline")
 
-    def __init__(self, src: str, name: str, parent: str, untrusted: bool, blob: str | None
-                 ) -> None:
+    def __init__(self, src: str, name: str, parent: str, blob: str, inline: bool) -> None:
         self.src, self.name, self.parent = src, name, parent
-        self.untrusted, self.blob = untrusted, blob
+        self.blob, self.inline = blob, inline
 
 
 class FileParticipant:
@@ -609,19 +608,22 @@ class FileParticipant:
         """A batched apply's second half: what its first half wrote unsynced (copies, small
         files' blobs, modes) and the directories it made become durable in one syncfs per file
         system, then every file is renamed into the tree. A failed syncfs drops what it was
-        to sync (never trusted again: a redo writes it anew from the blob or the decision)."""
+        to sync (never trusted again: a redo writes it anew from the decision or the blob): a
+        small file's blob, and each copy that can be made again (a copy whose blob an earlier
+        run moved into the tree stays: it was checked against its hash by this redo)."""
         try:
             sync_filesystems([objects_fd, *run.dirs.fds.values()])
         except FsyncFailed:
             for d in run.deferred:
-                if d.untrusted:
-                    if d.blob is not None and d.src == self.blobs.path(d.blob):
+                blob_path = self.blobs.path(d.blob)
+                if d.src == blob_path:
+                    if d.inline:
                         self.blobs.discard(d.blob)
-                    else:
-                        try:
-                            os.unlink(d.src)
-                        except FileNotFoundError:
-                            pass
+                elif d.inline or os.path.exists(blob_path):
+                    try:
+                        os.unlink(d.src)
+                    except FileNotFoundError:
+                        pass
             raise
         for d in run.deferred:
             rename(d.src, d.name, dst_dir_fd=run.dirs.open(d.parent))
@@ -740,9 +742,7 @@ class FileParticipant:
                     os.fchmod(fd, mode)
                     unsynced = True
                 if run.batch:  # synced with the rest before any rename (_renames)
-                    run.deferred.append(_Deferred(
-                        src, name, parent, src != self.blobs.path(blob) or k in run.inline,
-                        blob))
+                    run.deferred.append(_Deferred(src, name, parent, blob, k in run.inline))
                     return
                 if unsynced:  # a small file's blob, or a new mode: synced here
                     try:

@@ -51,6 +51,8 @@ SITES: dict[str, str] = {
     "blobs.write:write": "staging writes a blob (temp file)",
     "blobs.write:rename": "staging renames a blob into objects/",
     "blobs.put_fd:write": "staging streams a blob (from a file, stdin, exec's capture)",
+    "blobs.put_moved:rename": "exec's capture moves a file of the staged view into the "
+                              "blob store",
     "blobs.copy_to:write": "a blob copied (a copy to rename over a target; content placed "
                            "on another file system)",
     "blobs.make_durable:fsync": "prepare syncs a blob too big for the decision",

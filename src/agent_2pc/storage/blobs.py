@@ -140,6 +140,7 @@ class BlobStore:
         self.dir = objects_dir
         self.tmp_dir = os.path.join(objects_dir, "tmp")
         self.preimages = preimages_dir
+        self._dev: int | None = None  # the store's file system (put_moved)
 
     def path(self, digest: str) -> str:
         """Where the blob ``digest`` lives. A name that is not 64 lowercase hex digits (a
@@ -201,7 +202,11 @@ class BlobStore:
             os.unlink(tmp)
             raise
         os.close(fd)
-        digest = str(h.hexdigest())
+        return self._link_in(tmp, str(h.hexdigest()), size)
+
+    def _link_in(self, tmp: str, digest: str, size: int) -> Pending:
+        """Name the temp file ``tmp`` as the blob ``digest`` unless that blob is there; the
+        temp name stays until ``settle``."""
         if not self.has(digest, size):
             try:
                 os.unlink(self.path(digest))  # a short one left by a crash
@@ -209,6 +214,42 @@ class BlobStore:
                 pass
             os.link(tmp, self.path(digest))
         return Pending(self, digest, size, tmp=tmp)
+
+    def put_moved(self, path: str) -> Pending:
+        """Stage the regular file at ``path`` by moving it into the store rather than copying
+        it: for a file that its owner drops right after (a staged view's upper layer, which is
+        closed once its changes are staged). No new file, no copy of its bytes: one read to
+        hash it, one rename. A file that is not ours alone to take (another link to it, another
+        owner or file system, extended attributes such as overlayfs's own) is copied, as
+        ``put_fd`` does."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not self._movable(fd, st):
+                return self.put_fd(fd)
+            digest, size = sha256_fd(fd, st.st_size)
+            os.fchmod(fd, 0o444)
+            if size >= FRESH_MIN:
+                mark_written_now(fd)  # written in this boot, by the command
+        finally:
+            os.close(fd)
+        tmp = os.path.join(self.tmp_dir, _tmp_name())
+        rename(path, tmp)
+        return self._link_in(tmp, digest, size)
+
+    def _movable(self, fd: int, st: os.stat_result) -> bool:
+        import stat
+
+        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()):
+            return False
+        if self._dev is None:
+            self._dev = os.stat(self.dir).st_dev
+        if st.st_dev != self._dev:
+            return False
+        try:
+            return not os.listxattr(fd)
+        except OSError:
+            return False
 
     def read(self, digest: str) -> bytes:
         """The blob's bytes, checked against its name."""

@@ -7,7 +7,8 @@ every figure next to a baseline measured in the same run, and the growth factors
                   through the CLI (``stage-write --from-file`` + ``commit``), against ``cp`` +
                   ``sync FILE`` (an fsync) of the same file: wall time and the peak RSS of the
                   process doing it, each variant in a child process of its own.
-  b  big_tree     ``exec`` of a command creating 1k / 20k / 50k small files (100 per directory)
+  b  big_tree     ``exec`` of a command creating 1k / 20k / 50k small files (100 per directory,
+                  the same 121 bytes each, or with ``--distinct`` each its own)
                   plus ``commit``, against the same command run on disk followed by
                   ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file); and
                   the same exec + commit with the batched durability off
@@ -211,20 +212,22 @@ def section_large(mode: dict, python: str, env: dict, console: str) -> dict:
 
 MAKER = """
 import os, sys
-top, n = sys.argv[1], int(sys.argv[2])
+top, n, distinct = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["distinct"]
 body = b"x" * 120 + b"\\n"
 for i in range(n):
     d = os.path.join(top, f"d{i // %d:04d}")
     if i %% %d == 0:
         os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, f"f{i:06d}.txt"), "wb") as f:
-        f.write(body)
+        f.write(b"x" * 114 + b"%%06d\\n" %% i if distinct else body)
 """ % (FILES_PER_DIR, FILES_PER_DIR)
 
 
 def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
-    out: dict = {"files_per_dir": FILES_PER_DIR, "sizes": {}}
+    out: dict = {"files_per_dir": FILES_PER_DIR, "sizes": {},
+                 "content": "distinct" if mode.get("distinct") else "the same 121 bytes"}
     maker_cmd = [python, "-c", MAKER]
+    tail = ["distinct"] if mode.get("distinct") else []
     with Scratch("tree") as d:
         out["dir"] = d.describe(probe=False)
         for n in mode["tree"]:
@@ -242,7 +245,7 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                         top = os.path.join(d.path, f"disk-{n}-{i}")
                         os.makedirs(top)
                         t0 = C.now()
-                        sh([*maker_cmd, os.path.join(top, "out"), str(n)])
+                        sh([*maker_cmd, os.path.join(top, "out"), str(n), *tail])
                         t1 = C.now()
                         sh(["sync", "-f", top])
                         t2 = C.now()
@@ -253,7 +256,7 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                         os.makedirs(top2)
                         os.sync()
                         t0 = C.now()
-                        sh([*maker_cmd, os.path.join(top2, "out"), str(n)])
+                        sh([*maker_cmd, os.path.join(top2, "out"), str(n), *tail])
                         sh(["sh", "-c", 'find "$1" -print0 | xargs -0 sync', "sh", top2])
                         rows["on_disk_cmd_fsync_each"].append(C.now() - t0)
                     else:
@@ -268,7 +271,7 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                         tid = sh([console, "begin"], env=wenv).strip()
                         t0 = C.now()
                         sh([console, "exec", "--tid", tid, "--json", "--", *maker_cmd, "out",
-                            str(n)], env=wenv, cwd=root)
+                            str(n), *tail], env=wenv, cwd=root)
                         t1 = C.now()
                         sh([console, "commit", "--tid", tid], env=wenv)
                         t2 = C.now()
@@ -563,13 +566,16 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--sections", default="abcde", help="which sections, e.g. a,c (default all)")
     ap.add_argument("--tree", help="(b): these file counts instead, e.g. 1000,5000")
+    ap.add_argument("--distinct", action="store_true",
+                    help="(b): every file of its own content (else all the same 121 bytes)")
     ap.add_argument("--unbatched-max", type=int, default=5000,
                     help="(b): run the unbatched variant (an fsync per file) up to this size")
     ap.add_argument("--save", action="store_true",
                     help="also write the JSON to benchmarks/results/ (committed src/ only)")
     args = ap.parse_args()
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    mode = dict(MODES[name], name=name, unbatched_max=args.unbatched_max)
+    mode = dict(MODES[name], name=name, unbatched_max=args.unbatched_max,
+                distinct=args.distinct)
     if args.tree:
         mode["tree"] = [int(x) for x in args.tree.split(",")]
     python = C.venv_python()

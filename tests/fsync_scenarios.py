@@ -58,7 +58,7 @@ def steps(extra: str) -> list[tuple[str, list[str], dict[str, str]]]:
         # A big transaction (past durable.SYNCFS_MIN changes): its commit syncs each file
         # system once instead of each file (the syncfs sites).
         ("begin t2", ["begin"], {}),
-        ("exec t2", ["exec", "--tid", "{t2}", "--", "sh", "-c", MANY], {}),
+        ("exec t2", ["exec", "--tid", "{t2}", "--json", "--", "sh", "-c", MANY], {}),
         ("commit t2", ["commit", "--tid", "{t2}"], {}),
     ]
 

@@ -1,7 +1,8 @@
 """Content-addressed blob store: ``objects/<first two hex>/<sha256>``; pre-images apart.
 
 Staged content is written once, named by its SHA-256, read-only (0444), never hard-linked into
-the tree. A blob is not synced when staged: prepare checks its hash and syncs it (and its
+the tree. What exec captured is not even written once: the files the command wrote in the
+staged view's upper layer are moved in (``put_moved``), since the view is dropped right after. A blob is not synced when staged: prepare checks its hash and syncs it (and its
 directory) before the decision record; every read checks the hash too, so a blob damaged by a
 machine crash is found before it can reach the tree.
 

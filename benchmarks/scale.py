@@ -231,7 +231,7 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
     with Scratch("tree") as d:
         out["dir"] = d.describe(probe=False)
         for n in mode["tree"]:
-            runs = 1 if n >= 20000 else mode["runs"]  # a 20k-file commit takes minutes here
+            runs = mode["tree_runs"] or (1 if n >= 20000 else mode["runs"])
             rows: dict[str, list[float]] = {k: [] for k in (
                 "on_disk_cmd", "on_disk_cmd_syncfs", "on_disk_cmd_fsync_each",
                 "tx_exec", "tx_commit", "tx_exec_commit", "unbatched_exec",
@@ -566,6 +566,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--sections", default="abcde", help="which sections, e.g. a,c (default all)")
     ap.add_argument("--tree", help="(b): these file counts instead, e.g. 1000,5000")
+    ap.add_argument("--tree-runs", type=int, default=0,
+                    help="(b): runs per size (default 1 from 20k files on, else the mode's)")
     ap.add_argument("--distinct", action="store_true",
                     help="(b): every file of its own content (else all the same 121 bytes)")
     ap.add_argument("--unbatched-max", type=int, default=5000,
@@ -575,7 +577,7 @@ def main() -> None:
     args = ap.parse_args()
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
     mode = dict(MODES[name], name=name, unbatched_max=args.unbatched_max,
-                distinct=args.distinct)
+                distinct=args.distinct, tree_runs=args.tree_runs)
     if args.tree:
         mode["tree"] = [int(x) for x in args.tree.split(",")]
     python = C.venv_python()

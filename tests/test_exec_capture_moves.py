@@ -50,3 +50,45 @@ def test_exec_moves_the_files_its_command_wrote_and_copies_a_shared_one(tmp_path
     assert (root / "s.txt").read_bytes() == (root / "s2.txt").read_bytes() == b"shared\n"
     assert os.stat(root / "a" / "m.txt").st_mode & 0o777 == 0o644
     assert os.stat(root / "s.txt").st_ino != os.stat(root / "s2.txt").st_ino
+
+
+def _store(tmp_path):
+    from agent_2pc.storage.blobs import BlobStore
+
+    objects = tmp_path / "objects"
+    (objects / "tmp").mkdir(parents=True)
+    for i in range(256):
+        (objects / f"{i:02x}").mkdir()
+    (tmp_path / "preimages").mkdir()
+    return BlobStore(str(objects), str(tmp_path / "preimages"))
+
+
+def test_a_captured_file_whose_content_is_stored_stays_put_and_is_used_if_the_blob_goes(
+        tmp_path):
+    """Content already in the store is not moved (unlinking a duplicate would free its blocks
+    on the way); if a commit moves the stored blob away before the stage record is appended,
+    settling writes it again from the captured file, which the view still holds."""
+    store = _store(tmp_path)
+    store.put_bytes(b"dup\n").settle()
+    src = tmp_path / "upper-dup.txt"
+    src.write_bytes(b"dup\n")
+    pending = store.put_moved(str(src))
+    assert src.exists()  # left in place
+    os.unlink(store.path(pending.digest))  # a commit took the blob into its tree meanwhile
+    pending.settle()
+    assert store.read(pending.digest) == b"dup\n"
+    assert os.listdir(store.tmp_dir) == []
+
+
+def test_a_captured_file_of_new_content_is_moved_and_settles_to_one_name(tmp_path):
+    store = _store(tmp_path)
+    src = tmp_path / "upper-new.txt"
+    src.write_bytes(b"new\n")
+    ino = src.stat().st_ino
+    pending = store.put_moved(str(src))
+    assert not src.exists()
+    pending.settle()
+    blob = store.path(pending.digest)
+    assert os.stat(blob).st_ino == ino and os.stat(blob).st_nlink == 1
+    assert os.stat(blob).st_mode & 0o777 == 0o444
+    assert os.listdir(store.tmp_dir) == []

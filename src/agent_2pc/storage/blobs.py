@@ -2,9 +2,10 @@
 
 Staged content is written once, named by its SHA-256, read-only (0444), never hard-linked into
 the tree. What exec captured is not even written once: the files the command wrote in the
-staged view's upper layer are moved in (``put_moved``), since the view is dropped right after. A blob is not synced when staged: prepare checks its hash and syncs it (and its
-directory) before the decision record; every read checks the hash too, so a blob damaged by a
-machine crash is found before it can reach the tree.
+staged view's upper layer are moved in (``put_moved``), since the view is dropped right after
+(content already stored is left there). A blob is not synced when staged: prepare checks its
+hash and syncs it (and its directory) before the decision record; every read checks the hash
+too, so a blob damaged by a machine crash is found before it can reach the tree.
 
 At apply, a blob that no other live transaction names is *moved* into the tree (renamed over
 the target): its bytes were synced at prepare, so no copy and no new file is needed, and a
@@ -104,12 +105,13 @@ def _tmp_name() -> str:
 class Pending:
     """A blob just staged: call ``settle()`` once its stage record is appended."""
 
-    __slots__ = ("store", "digest", "size", "_data", "_tmp")
+    __slots__ = ("store", "digest", "size", "_data", "_tmp", "_source")
 
     def __init__(self, store: BlobStore, digest: str, size: int, data: bytes | None = None,
-                 tmp: str | None = None) -> None:
+                 tmp: str | None = None, source: str | None = None) -> None:
         self.store, self.digest, self.size = store, digest, size
         self._data, self._tmp = data, tmp
+        self._source = source  # a file that holds the content until settle (put_moved)
 
     def settle(self) -> None:
         """Make sure the blob exists now that a record names it (it may have been moved away
@@ -121,10 +123,20 @@ class Pending:
             else:
                 rename(self._tmp, self.store.path(self.digest))
             self._tmp = None
+        elif not present and self._source is not None:
+            fd = os.open(self._source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                again = self.store.put_fd(fd)
+            finally:
+                os.close(fd)
+            if again.digest != self.digest:
+                again.discard()
+                raise BlobCorrupt(self.digest, f"no longer what {self._source} holds")
+            again.settle()
         elif not present:
             assert self._data is not None
             self.store.write(self._data, self.digest)
-        self._data = None
+        self._data = self._source = None
 
     def discard(self) -> None:
         """The record was not appended: drop what only we were keeping."""
@@ -229,6 +241,8 @@ class BlobStore:
             if not self._movable(fd, st):
                 return self.put_fd(fd)
             digest, size = sha256_fd(fd, st.st_size)
+            if self.has(digest, size):  # content staged before: nothing to move (an unlink
+                return Pending(self, digest, size, source=path)  # here would free blocks)
             os.fchmod(fd, 0o444)
             if size >= FRESH_MIN:
                 mark_written_now(fd)  # written in this boot, by the command

@@ -7,9 +7,13 @@ every figure next to a baseline measured in the same run, and the growth factors
                   through the CLI (``stage-write --from-file`` + ``commit``), against ``cp`` +
                   ``sync FILE`` (an fsync) of the same file: wall time and the peak RSS of the
                   process doing it, each variant in a child process of its own.
-  b  big_tree     ``exec`` of a command creating 1k / 20k / 50k small files (100 per directory)
+  b  big_tree     ``exec`` of a command creating 1k / 20k / 50k small files (100 per directory,
+                  the same 121 bytes each, or with ``--distinct`` each its own)
                   plus ``commit``, against the same command run on disk followed by
-                  ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file).
+                  ``sync -f`` (one syncfs) and by ``sync FILES...`` (an fsync per file); and
+                  the same exec + commit with the batched durability off
+                  (``AGENT2PC_SYNCFS_MIN=0``: an fsync per file, as before issue 19 item 2)
+                  up to ``--unbatched-max`` files.
   c  history      step latency (CLI ``begin`` + ``stage-write`` + ``commit``; ``status``;
                   ``list``; ``status --tid`` of the oldest and of the middle transaction) at
                   0 / 10k / 1M finished transactions (the history generated from real
@@ -25,6 +29,7 @@ every figure next to a baseline measured in the same run, and the growth factors
                                           # commit costs 10 ms, as in docs/benchmarks.md)
     python benchmarks/scale.py --quick    # smaller sizes (14 min on a loaded 2-CPU host)
     python benchmarks/scale.py --smoke    # CI: tiny sizes, a few seconds
+    python benchmarks/scale.py --sections b --tree 1000,5000   # (b) at these sizes only
     python benchmarks/scale.py --sections a,d --save   # some sections; --save writes the JSON
                                                        # to benchmarks/results/ (clean src only)
 """
@@ -210,36 +215,40 @@ def section_large(mode: dict, python: str, env: dict, console: str) -> dict:
 
 MAKER = """
 import os, sys
-top, n = sys.argv[1], int(sys.argv[2])
+top, n, distinct = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["distinct"]
 body = b"x" * 120 + b"\\n"
 for i in range(n):
     d = os.path.join(top, f"d{i // %d:04d}")
     if i %% %d == 0:
         os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, f"f{i:06d}.txt"), "wb") as f:
-        f.write(body)
+        f.write(b"x" * 114 + b"%%06d\\n" %% i if distinct else body)
 """ % (FILES_PER_DIR, FILES_PER_DIR)
 
 
 def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
-    out: dict = {"files_per_dir": FILES_PER_DIR, "sizes": {}}
+    out: dict = {"files_per_dir": FILES_PER_DIR, "sizes": {},
+                 "content": "distinct" if mode.get("distinct") else "the same 121 bytes"}
     maker_cmd = [python, "-c", MAKER]
+    tail = ["distinct"] if mode.get("distinct") else []
     with Scratch("tree") as d:
         out["dir"] = d.describe(probe=False)
         for n in mode["tree"]:
-            runs = 1 if n >= 20000 else mode["runs"]  # a 20k-file commit takes minutes here
+            runs = mode["tree_runs"] or (1 if n >= 20000 else mode["runs"])
             rows: dict[str, list[float]] = {k: [] for k in (
                 "on_disk_cmd", "on_disk_cmd_syncfs", "on_disk_cmd_fsync_each",
-                "tx_exec", "tx_commit", "tx_exec_commit")}
-            C.log(f"(b) {n} files: {runs} runs")
+                "tx_exec", "tx_commit", "tx_exec_commit", "unbatched_exec",
+                "unbatched_commit", "unbatched_exec_commit")}
+            sides = ["disk", "tx"] + (["unbatched"] if n <= mode["unbatched_max"] else [])
+            C.log(f"(b) {n} files: {runs} runs, {' '.join(sides)}")
             for i in range(runs):
-                for side in (("disk", "tx") if i % 2 == 0 else ("tx", "disk")):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
                     os.sync()
                     if side == "disk":
                         top = os.path.join(d.path, f"disk-{n}-{i}")
                         os.makedirs(top)
                         t0 = C.now()
-                        sh([*maker_cmd, os.path.join(top, "out"), str(n)])
+                        sh([*maker_cmd, os.path.join(top, "out"), str(n), *tail])
                         t1 = C.now()
                         sh(["sync", "-f", top])
                         t2 = C.now()
@@ -250,31 +259,40 @@ def section_tree(mode: dict, python: str, env: dict, console: str) -> dict:
                         os.makedirs(top2)
                         os.sync()
                         t0 = C.now()
-                        sh([*maker_cmd, os.path.join(top2, "out"), str(n)])
+                        sh([*maker_cmd, os.path.join(top2, "out"), str(n), *tail])
                         sh(["sh", "-c", 'find "$1" -print0 | xargs -0 sync', "sh", top2])
                         rows["on_disk_cmd_fsync_each"].append(C.now() - t0)
                     else:
-                        root = os.path.join(d.path, f"ws-{n}-{i}")
+                        root = os.path.join(d.path, f"ws-{side}-{n}-{i}")
                         os.makedirs(root)
                         sh([console, "--root", root, "init"], env=env)
                         os.sync()
                         wenv = dict(env, AGENT2PC_ROOT=root)
+                        if side == "unbatched":
+                            wenv["AGENT2PC_SYNCFS_MIN"] = "0"
+                        pre = "tx" if side == "tx" else "unbatched"
                         tid = sh([console, "begin"], env=wenv).strip()
                         t0 = C.now()
                         sh([console, "exec", "--tid", tid, "--json", "--", *maker_cmd, "out",
-                            str(n)], env=wenv, cwd=root)
+                            str(n), *tail], env=wenv, cwd=root)
                         t1 = C.now()
                         sh([console, "commit", "--tid", tid], env=wenv)
                         t2 = C.now()
-                        rows["tx_exec"].append(t1 - t0)
-                        rows["tx_commit"].append(t2 - t1)
-                        rows["tx_exec_commit"].append(t2 - t0)
-            row = {k: median_ms(v) for k, v in rows.items()}
+                        rows[f"{pre}_exec"].append(t1 - t0)
+                        rows[f"{pre}_commit"].append(t2 - t1)
+                        rows[f"{pre}_exec_commit"].append(t2 - t0)
+            row = {k: median_ms(v) for k, v in rows.items() if v}
+            row["load_after"] = os.getloadavg()[0]
             row["runs"] = runs
             row["x_on_disk_syncfs"] = C.ratio(row["tx_exec_commit"], row["on_disk_cmd_syncfs"])
             row["x_on_disk_fsync_each"] = C.ratio(row["tx_exec_commit"],
                                                   row["on_disk_cmd_fsync_each"])
             row["tx_ms_per_file"] = C.r3(row["tx_exec_commit"] / n)
+            if "unbatched_exec_commit" in row:
+                row["x_unbatched_on_disk_syncfs"] = C.ratio(row["unbatched_exec_commit"],
+                                                            row["on_disk_cmd_syncfs"])
+                row["unbatched_commit_over_batched"] = C.ratio(row["unbatched_commit"],
+                                                               row["tx_commit"])
             out["sizes"][str(n)] = row
             for name in os.listdir(d.path):
                 delete_later(os.path.join(d.path, name))
@@ -613,11 +631,21 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="CI: tiny sizes, a few seconds")
     ap.add_argument("--quick", action="store_true", help="smaller sizes")
     ap.add_argument("--sections", default="abcde", help="which sections, e.g. a,c (default all)")
+    ap.add_argument("--tree", help="(b): these file counts instead, e.g. 1000,5000")
+    ap.add_argument("--tree-runs", type=int, default=0,
+                    help="(b): runs per size (default 1 from 20k files on, else the mode's)")
+    ap.add_argument("--distinct", action="store_true",
+                    help="(b): every file of its own content (else all the same 121 bytes)")
+    ap.add_argument("--unbatched-max", type=int, default=5000,
+                    help="(b): run the unbatched variant (an fsync per file) up to this size")
     ap.add_argument("--save", action="store_true",
                     help="also write the JSON to benchmarks/results/ (committed src/ only)")
     args = ap.parse_args()
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
-    mode = dict(MODES[name], name=name)
+    mode = dict(MODES[name], name=name, unbatched_max=args.unbatched_max,
+                distinct=args.distinct, tree_runs=args.tree_runs)
+    if args.tree:
+        mode["tree"] = [int(x) for x in args.tree.split(",")]
     python = C.venv_python()
     env = C.bytecode_env(python)
     C.warm_bytecode(python, env)

@@ -55,7 +55,18 @@ def steps(extra: str) -> list[tuple[str, list[str], dict[str, str]]]:
         ("torn tail", ["begin"], {"AGENT2PC_CRASH_AT": "wal.torn_append"}),
         ("commit t1", ["commit", "--tid", "{t1}"], {}),
         ("compact", ["compact"], {}),
+        # A big transaction (past durable.SYNCFS_MIN changes): its commit syncs each file
+        # system once instead of each file (the syncfs sites).
+        ("begin t2", ["begin"], {}),
+        ("exec t2", ["exec", "--tid", "{t2}", "--json", "--", "sh", "-c", MANY], {}),
+        ("commit t2", ["commit", "--tid", "{t2}"], {}),
     ]
+
+
+# 70 files of their own, 3 of the same content (copied at apply), one past the inline limit.
+MANY = ("mkdir -p many/a many/b && for i in $(seq 1 70); do printf '%0900d\\n' $i > "
+        "many/a/f$i.txt; done && for i in 1 2 3; do echo same > many/b/s$i.txt; done && "
+        "printf '%020000d' 7 > many/b/big.txt")
 
 
 def fork_cli(root: str, args: list[str], fault: str = "") -> tuple[int, str, str]:

@@ -80,6 +80,8 @@ def test_every_fault_site_is_passed_by_the_scenario(sites):
 
 
 def expected_tree(clean: dict, states: dict, tids: dict) -> dict:
+    if states.get(tids.get("t2")) == "committed":
+        return clean["trees"]["commit t2"]
     if states.get(tids.get("t1")) == "committed":
         return clean["trees"]["commit t1"]
     if states.get(tids.get("t0")) == "committed":

@@ -1,12 +1,13 @@
 """Injected I/O failures: ``AGENT2PC_FAULT_AT=SITE[:N][=ERRNO]`` makes the N-th (default the
 first) pass of SITE fail with ERRNO (default EIO; ENOSPC, EDQUOT, EROFS... by name).
 
-A site is where the storage layer asks the kernel to write, sync or rename: the function that
-called the one durable helper (storage/durable.py), and which helper, e.g. ``log.append:fsync``
-(the log's fsync after an append) or ``fs._put:rename``. Sites are named from the caller's
-frame when a fault is armed, so call sites need no names; ``SITES`` lists them all, and an
-unlisted one fails an assertion the day it is added (tests/test_fsync_failures.py is
-parametrised over the list, like the crash tests over crashpoints.POINTS).
+A site is where the storage layer asks the kernel to write, sync (fsync, syncfs) or rename: the
+function that called the one durable helper (storage/durable.py), and which helper, e.g.
+``log.append:fsync`` (the log's fsync after an append) or ``fs._put:rename``. Sites are named
+from the caller's frame when a fault is armed, so call sites need no names; ``SITES`` lists
+them all, and an unlisted one fails an assertion the day it is added
+(tests/test_fsync_failures.py is parametrised over the list, like the crash tests over
+crashpoints.POINTS).
 
 A failed write writes half of its bytes first (a disk that fills up mid-write); a failed fsync
 or rename does nothing. ``AGENT2PC_FAULT_AT=record:FILE`` fails nothing and appends every site
@@ -50,10 +51,14 @@ SITES: dict[str, str] = {
     "blobs.write:write": "staging writes a blob (temp file)",
     "blobs.write:rename": "staging renames a blob into objects/",
     "blobs.put_fd:write": "staging streams a blob (from a file, stdin, exec's capture)",
+    "blobs.put_moved:rename": "exec's capture moves a file of the staged view into the "
+                              "blob store",
     "blobs.copy_to:write": "a blob copied (a copy to rename over a target; content placed "
                            "on another file system)",
     "blobs.make_durable:fsync": "prepare syncs a blob too big for the decision",
     "blobs.make_durable:fsync_dir": "prepare syncs a blob's fan-out directory",
+    "blobs.make_durable:syncfs": "prepare of a big transaction syncs the blobs' file system "
+                                 "once instead of each blob (durable.batching)",
     "fs._make_claim:write": "a small file's content written from the decision (a redo)",
     "fs._make_claim:fsync": "a copy synced before it is renamed over a target",
     "fs._make_claim:rename": "a copy renamed from its .part name",
@@ -62,6 +67,12 @@ SITES: dict[str, str] = {
     "fs._put:fsync": "the apply syncs a file's content or mode before its rename",
     "fs._put:rename": "the apply renames a file, a link or placed content over a target",
     "fs._apply_in:fsync": "the apply syncs every directory it touched",
+    "fs._apply_in:syncfs": "the apply of a big transaction syncs the file systems of the "
+                           "directories it touched once, before the end record",
+    "fs._renames:syncfs": "the apply of a big transaction syncs what it wrote (copies, small "
+                          "files' blobs, modes, new directories) once, before its renames",
+    "fs._renames:rename": "the apply of a big transaction renames a file into the tree, "
+                          "after that syncfs",
     "fs._ensure_mode:fsync": "a mode set on a file already in place (a redo), synced",
     "fs._sync_made_dirs:fsync": "the apply syncs the directories it made before a big file's "
                                 "blob leaves objects/",
@@ -106,8 +117,8 @@ def _site(kind: str) -> str:
 
 
 def hit(kind: str, partial: Callable[[], object] | None = None) -> None:
-    """Pass a site of ``kind`` (write, fsync, fsync_dir, rename); raise OSError when the armed
-    spec names it and this is the pass it names. ``partial`` runs first (half a write)."""
+    """Pass a site of ``kind`` (write, fsync, fsync_dir, syncfs, rename); raise OSError when
+    the armed spec names it and this is the pass it names. ``partial`` runs first (half a write)."""
     site = _site(kind)
     if _SPEC.startswith("record:"):
         with open(_SPEC[len("record:"):], "a", encoding="utf-8") as f:

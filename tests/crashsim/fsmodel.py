@@ -12,7 +12,8 @@ into micro-operations on inode numbers:
     trunc(ino, size)               a file's size
     chmod(ino, mode)
     fsync(ino)                     a barrier for that file (or directory)
-    sync                           a barrier for everything
+    sync                           a barrier for everything (sync), or for everything on one
+                                   file system (syncfs: ``info`` names its inodes)
     mark(label, ...)               no effect: a command's answer, an HTTP request leaving ...
 
 Because operations name inodes, any subset of them applies cleanly (``materialize``): that is
@@ -149,6 +150,9 @@ class Interpreter:
         # Processes in another mount namespace (the staged view is mounted over the repo's
         # own path there): what they do to "the root" is not the root. Their children too.
         self._foreign: set[int] = set()
+        # What was read of files in a staged view's scratch (the kernel wrote them, no call of
+        # ours shows it): their content when exec's capture moves them into the root.
+        self._scratch: dict[str, bytearray] = {}
         self._cwd: dict[int, str] = {}
         self.cwd0 = fs.root
 
@@ -532,10 +536,44 @@ class Interpreter:
         self._link(call, self._path(call, call.args[0], call.args[1]),
                    self._path(call, call.args[2], call.args[3]))
 
+    def _c_pread64(self, call: Call) -> None:
+        """A read of a file in a staged view's scratch: remember its bytes (the content of
+        the file that exec's capture then moves into the blob store)."""
+        _, path = fd_arg(call.args[0])
+        if not call.ok or not call.ret or path is None or not self._in_scratch(path):
+            return
+        data = unhex(call.args[1])[:call.ret]
+        off = int(call.args[3])
+        buf = self._scratch.setdefault(os.path.normpath(path), bytearray())
+        if len(buf) < off:
+            buf.extend(bytes(off - len(buf)))
+        buf[off:off + len(data)] = data
+
+    def _in_scratch(self, path: str) -> bool:
+        root = self.live.root
+        return path.startswith(root + "/") and not self.inside(path)
+
+    def _moved_in(self, call: Call, old: str, new: str) -> None:
+        """A file of a staged view's scratch renamed into the root (exec's capture moving it
+        into the blob store): to the root, a new file with the bytes that were read of it,
+        none of them synced, read-only as the store makes it."""
+        data = self._scratch.pop(old, None)
+        parent, _, name = self.lookup(new)
+        if data is None or parent is None:
+            raise TraceError(f"call {call.index}: {old} moved into the root, unread")
+        ino = self._birth(FILE, 0o444, self.live.nodes[parent].dev)
+        self._emit(Op("link", dir=parent, name=name, ino=ino), call)
+        if data:
+            self._emit(Op("write", ino=ino, off=0, data=bytes(data), info={"extends": True}),
+                       call)
+
     def _rename(self, call: Call, old: str, new: str, flags: str = "0") -> None:
         if not call.ok:
             return
         if not self.inside(old) and not self.inside(new):
+            return
+        if self._in_scratch(old) and self.inside(new):
+            self._moved_in(call, old, new)
             return
         if not (self.inside(old) and self.inside(new)):
             raise TraceError(f"call {call.index}: a rename across the root's edge "
@@ -596,8 +634,17 @@ class Interpreter:
         self._emit(Op("sync"), call)
 
     def _c_syncfs(self, call: Call) -> None:
-        if self._ofd(call, call.args[0]) is not None:
-            self._emit(Op("sync"), call)
+        """A barrier for every file and directory of one file system (the descriptor's): its
+        op carries the inodes on that file system and whether it is the root's (whose
+        journal it commits). A failed one is no barrier: what it was to sync is unsure."""
+        ofd = self._ofd(call, call.args[0])
+        if ofd is None or ofd.ino is None or call.ret is None:
+            return
+        dev = self.live.nodes[ofd.ino].dev
+        inos = frozenset(i for i, n in self.live.nodes.items() if n.dev == dev)
+        root_dev = self.live.nodes[self.live.root_ino].dev == dev
+        self._emit(Op("sync", ino=ofd.ino, failed=not call.ok, label=call.errno or "",
+                      info={"inos": inos, "root_dev": root_dev}), call)
 
     def _c_copy_file_range(self, call: Call) -> None:
         if self._ofd(call, call.args[2]) is not None and call.ok and call.ret:

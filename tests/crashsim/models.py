@@ -23,9 +23,11 @@ operation needs which other one, and how the last write of a stream may be torn.
   that came before the write; an fsync commits the journal up to the last metadata
   operation on that inode and the file's content; the last write may be torn at a 4 KiB page.
 
-A failed fsync (EIO) is no barrier, and what it was to sync is *unsure*: it may be lost even
-after later fsyncs of the same file succeed (the kernel marked the pages clean; PostgreSQL's
-fsyncgate), so a crash may drop each unsure operation on its own.
+A sync is a barrier for every stream, a syncfs for every stream of its file system (and, on
+the root's, for ext4's journal). A failed fsync or syncfs (EIO) is no barrier, and what it was
+to sync is *unsure*: it may be lost even after later fsyncs of the same file succeed (the
+kernel marked the pages clean; PostgreSQL's fsyncgate), so a crash may drop each unsure
+operation on its own.
 """
 
 from __future__ import annotations
@@ -106,6 +108,25 @@ class Model:
         raise NotImplementedError
 
 
+def _sync_all(st: Streams, op: Op) -> None:
+    """A sync (every stream) or a syncfs (the streams of its file system's inodes, and the
+    root's journal when it is the root's file system): a barrier, or, failed, no barrier and
+    everything it was to sync unsure."""
+    inos = op.info.get("inos")
+    for s in list(st.members):
+        if inos is not None:
+            on = op.info.get("root_dev") if s == "M" else (
+                isinstance(s, tuple) and s[1] in inos)  # type: ignore[operator]
+            if not on:
+                continue
+        if op.failed:
+            _unsure_before(st, s, op.index)
+        else:
+            st.floor_up(s, op.index, st.count_before(s, op.index))
+    if not op.failed:
+        st.barriers.append(op.index)
+
+
 def _unsure_before(st: Streams, stream: object, at: int) -> None:
     """A failed fsync at ``at``: the stream's operations not yet surely synced are unsure."""
     floor = st.floor_at(stream, at)
@@ -137,9 +158,7 @@ class Posix(Model):
                 if not op.failed:
                     st.barriers.append(i)
             elif op.kind == "sync":
-                for s in list(st.members):
-                    st.floor_up(s, i, st.count_before(s, i))
-                st.barriers.append(i)
+                _sync_all(st, op)
         return st
 
     def tears(self, op: Op) -> list[tuple[int, bool]]:
@@ -191,9 +210,7 @@ class Ext4Ordered(Model):
                     st.floor_up("M", i, st.count_before("M", last_meta[op.ino] + 1))
                 st.barriers.append(i)
             elif op.kind == "sync":
-                for s in list(st.members):
-                    st.floor_up(s, i, st.count_before(s, i))
-                st.barriers.append(i)
+                _sync_all(st, op)
         return st
 
     def tears(self, op: Op) -> list[tuple[int, bool]]:

@@ -29,6 +29,8 @@ TRACED = (
     "open,openat,openat2,creat,write,pwrite64,writev,pwritev,pwritev2,truncate,ftruncate,"
     "fallocate,rename,renameat,renameat2,link,linkat,unlink,unlinkat,mkdir,mkdirat,rmdir,"
     "symlink,symlinkat,chmod,fchmod,fchmodat,copy_file_range,sendfile,splice,"
+    # what exec's capture reads of a file in the staged view before moving it into the root
+    "pread64,"
     # what makes it durable
     "fsync,fdatasync,sync,syncfs,sync_file_range,msync,"
     # descriptors and processes (which file a descriptor names, and its position)

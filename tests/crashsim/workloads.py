@@ -80,6 +80,17 @@ _MANY_SCRIPT = " && ".join([
 ])
 
 
+# 12 changes: 6 new files (3 with one content: copied), a big one (a blob synced at prepare,
+# moved at apply), a rewrite made executable, two deletes (their directory goes).
+_BIG_SCRIPT = " && ".join([
+    "mkdir -p lib/x lib/y",
+    "for i in 1 2 3; do echo own $i > lib/x/f$i.txt; echo same > lib/y/s$i.txt; done",
+    "head -c 30000 /dev/urandom > lib/big.bin",
+    "echo 'X = 2' > mod.py && chmod 755 mod.py",
+    "rm -r old",
+])
+
+
 def all_workloads() -> dict[str, Workload]:
     ws = [
         Workload("small", "a commit of two small files (they travel in the decision), then "
@@ -102,6 +113,14 @@ def all_workloads() -> dict[str, Workload]:
                  files=dict(_MANY_FILES),
                  steps=[BEGIN, Step(["exec", "--tid", "{t0}", "--json", "--", "sh", "-c",
                                      _MANY_SCRIPT]), _commit("t0")]),
+        Workload("bigtree", "one commit of more changes than durable.SYNCFS_MIN (set to 8 "
+                 "here) made by exec: files synced by one syncfs before the renames and one "
+                 "before the end record instead of an fsync each; copies of a shared blob, "
+                 "a blob moved, a mode, deletes",
+                 files={"old/a.txt": "a\n", "old/b.txt": "b\n", "mod.py": "X = 1\n"},
+                 env={"AGENT2PC_SYNCFS_MIN": "8"},
+                 steps=[BEGIN, Step(["exec", "--tid", "{t0}", "--json", "--", "sh", "-c",
+                                     _BIG_SCRIPT]), _commit("t0")]),
         Workload("api", "one commit of a file and an HTTP call (with its compensation)",
                  files={"ledger.txt": "balance 0\n"}, service=True,
                  steps=[BEGIN, _w("t0", "ledger.txt", "balance 500\n"),

@@ -479,10 +479,12 @@ class Runs:
         of the tree is skipped (staging it would change the link's target instead) unless the
         link itself is replaced by a directory."""
         cap = view.capture(select)
-        return self._stage_captured(tid, cap.changes, cap.skipped, via)
+        # Every caller closes the view right after: its files are moved into the blob store.
+        return self._stage_captured(tid, cap.changes, cap.skipped, via, move=True)
 
     def _stage_captured(self, tid: str, changes: list[Change], skipped_in: list[Any],
-                        via: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                        via: str, move: bool = False
+                        ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         _names_are_text(changes)
         skipped = [dict(s) for s in skipped_in]
         staged: list[dict[str, Any]] = []
@@ -512,11 +514,7 @@ class Runs:
                                                         c.mode, pre)
                     else:
                         assert c.op == "write" and c.source is not None, c
-                        fd = os.open(c.source, os.O_RDONLY | os.O_CLOEXEC)
-                        try:
-                            blob = self.blobs.put_fd(fd)
-                        finally:
-                            os.close(fd)
+                        blob = self._put_captured(c.source, move)
                         pending.append(blob)
                         if not below_link:
                             self.staging.keep_base(tx, rel, pre, pending)
@@ -535,6 +533,15 @@ class Runs:
             if records:
                 self.staging.append_staged(records, pending)
         return staged, skipped
+
+    def _put_captured(self, source: str, move: bool) -> Pending:
+        if move:
+            return self.blobs.put_moved(source)
+        fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            return self.blobs.put_fd(fd)
+        finally:
+            os.close(fd)
 
     def _literal(self, tx: Tx, path: str, puts: dict[str, str]) -> tuple[str, bool]:
         """``path`` as a command wrote it (relative to the root), checked: inside the root,

@@ -42,7 +42,7 @@ from ..core.applyplan import Action, plan_step, replaces_dir
 from ..core.confine import name_problem
 from ..core.states import DIR_FINGERPRINT, Op, Tx, named_blobs
 from ..storage.blobs import BlobCorrupt, BlobStore
-from ..storage.durable import FsyncFailed, fsync_fd, rename, write_all
+from ..storage.durable import FsyncFailed, batching, fsync_fd, rename, sync_filesystems, write_all
 from ..storage.hashing import link_fingerprint, sha256_bytes, sha256_fd
 from .base import YES, Applied, ApplyFailed, Vote
 
@@ -216,14 +216,17 @@ def first_left(root: str, rel_dir: str, deleted: Callable[[str], bool]) -> str |
     return None
 
 
-def _make_claim(claim: str, fill: Callable[[int], Any], mode: int) -> str:
+def _make_claim(claim: str, fill: Callable[[int], Any], mode: int, sync: bool = True) -> str:
     """Write ``claim`` (a copy to rename over a target, in objects/tmp) through ``fill``,
-    with ``mode``, synced, under a ``.part`` name first: it exists whole or not at all."""
+    with ``mode``, synced (unless ``sync`` is False: a batched apply syncs the file system
+    before any rename into the tree), under a ``.part`` name first: it exists whole or not at
+    all."""
     fd = os.open(claim + ".part", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o444)
     try:
         fill(fd)
         os.fchmod(fd, mode)
-        fsync_fd(fd)
+        if sync:
+            fsync_fd(fd)
     except BaseException:
         os.unlink(claim + ".part")  # never trusted after a failed fsync: written anew
         raise
@@ -231,6 +234,24 @@ def _make_claim(claim: str, fill: Callable[[int], Any], mode: int) -> str:
         os.close(fd)
     rename(claim + ".part", claim)
     return claim
+
+
+def _intact(claim: str, digest: str) -> bool:
+    """Does the copy ``claim`` hold the blob ``digest``? A batched apply writes its copies
+    unsynced and syncs them before any rename: a machine crash before that syncfs can leave
+    one with its name and the wrong bytes (and then no rename has moved the blob it copies,
+    so it can be made again). Damaged or not, it is unlinked when it is not intact."""
+    try:
+        fd = os.open(claim, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        if sha256_fd(fd)[0] == digest:
+            return True
+    finally:
+        os.close(fd)
+    os.unlink(claim)
+    return False
 
 
 def _short(fingerprint: str | None) -> str:
@@ -248,7 +269,7 @@ class _ApplyRun:
     the run has done so far."""
 
     __slots__ = ("tid", "seen", "keep", "dirs", "out", "modes", "placed", "inline", "touched",
-                 "later_uses")
+                 "later_uses", "batch", "deferred")
 
     def __init__(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str], dirs: Dirs,
                  out: Applied) -> None:
@@ -266,6 +287,22 @@ class _ApplyRun:
             int(k): v for k, v in (fields.get("inline") or {}).items()}
         self.touched: set[str] = set()  # directories to fsync at the end
         self.later_uses: dict[str, int] = {}  # blob -> writes after this one that move it
+        # A big transaction (durable.batching): files are written unsynced, the file systems
+        # synced once, then renamed into the tree (``deferred``), then synced once again.
+        self.batch = batching(len(tx.changes()))
+        self.deferred: list[_Deferred] = []
+
+
+class _Deferred:
+    """A rename into the tree that a batched apply does after its syncfs: ``src`` (the blob
+    ``blob``, or a copy of it) over ``name`` in the directory ``parent``; ``inline``: the
+    decision carries the content (a small file)."""
+
+    __slots__ = ("src", "name", "parent", "blob", "inline")
+
+    def __init__(self, src: str, name: str, parent: str, blob: str, inline: bool) -> None:
+        self.src, self.name, self.parent = src, name, parent
+        self.blob, self.inline = blob, inline
 
 
 class FileParticipant:
@@ -377,8 +414,8 @@ class FileParticipant:
                     if k not in far and op.size <= min(INLINE_BYTES_MAX, budget):
                         inline[k] = self.blobs.read(op.blob)  # checked against its hash
                         budget -= op.size
-                self.blobs.make_durable([op.blob for k, op in writes
-                                         if op.blob and k not in inline])
+                self.blobs.make_durable([op.blob for k, op in writes if op.blob and k not in
+                                         inline], batch=batching(len(changes)))
             except BlobCorrupt as exc:
                 self.blobs.discard(exc.digest)
                 path = next(op.path for _, op in writes if op.blob == exc.digest)
@@ -546,15 +583,52 @@ class FileParticipant:
             if op.op == "write" and k not in run.placed:
                 assert op.blob is not None
                 run.later_uses[op.blob] = run.later_uses.get(op.blob, 0) + 1
-        for k, op in enumerate(changes):
-            if op.op != "delete":
-                self._put_step(run, k, op)
+        objects_fd = os.open(self.blobs.dir, _DIR_FLAGS) if run.batch else -1
+        try:
+            for k, op in enumerate(changes):
+                if op.op != "delete":
+                    self._put_step(run, k, op)
+            if run.deferred:
+                self._renames(run, objects_fd)
+        finally:
+            if objects_fd >= 0:
+                os.close(objects_fd)
         if seen is None:
             self._touch_all(dirs, changes, run.touched)
+        if run.batch:
+            sync_filesystems([fd for rel_dir in run.touched | dirs.grew
+                              if (fd := dirs.fds.get(rel_dir)) is not None])
+            return
         for rel_dir in run.touched | dirs.grew:
             dir_fd = dirs.fds.get(rel_dir)
             if dir_fd is not None:
                 fsync_fd(dir_fd)
+
+    def _renames(self, run: _ApplyRun, objects_fd: int) -> None:
+        """A batched apply's second half: what its first half wrote unsynced (copies, small
+        files' blobs, modes) and the directories it made become durable in one syncfs per file
+        system, then every file is renamed into the tree. A failed syncfs drops what it was
+        to sync (never trusted again: a redo writes it anew from the decision or the blob): a
+        small file's blob, and each copy that can be made again (a copy whose blob an earlier
+        run moved into the tree stays: it was checked against its hash by this redo)."""
+        try:
+            sync_filesystems([objects_fd, *run.dirs.fds.values()])
+        except FsyncFailed:
+            for d in run.deferred:
+                blob_path = self.blobs.path(d.blob)
+                if d.src == blob_path:
+                    if d.inline:
+                        self.blobs.discard(d.blob)
+                elif d.inline or os.path.exists(blob_path):
+                    try:
+                        os.unlink(d.src)
+                    except FileNotFoundError:
+                        pass
+            raise
+        for d in run.deferred:
+            rename(d.src, d.name, dst_dir_fd=run.dirs.open(d.parent))
+            crashpoints.hit("commit.mid_apply")
+        run.deferred.clear()
 
     def _delete(self, run: _ApplyRun, k: int, op: Op, parent: str, name: str,
                 step: Step) -> None:
@@ -654,10 +728,11 @@ class FileParticipant:
             copy = blob in run.keep or run.later_uses[blob] > 0
             if k in run.inline:
                 src, unsynced = self._inline_source(tid, k, blob, run.inline[k], copy,
-                                                    run.seen is None, mode)
+                                                    run.seen is None, mode, run.batch)
             else:
-                src, unsynced = self._source(tid, k, blob, copy, mode), False
-                if src == self.blobs.path(blob):
+                src, unsynced = self._source(tid, k, blob, copy, mode, run.batch,
+                                             run.seen is None), False
+                if src == self.blobs.path(blob) and not run.batch:
                     self._sync_made_dirs(run.dirs, parent)
             fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -666,6 +741,9 @@ class FileParticipant:
                 if stat.S_IMODE(os.fstat(fd).st_mode) != mode:
                     os.fchmod(fd, mode)
                     unsynced = True
+                if run.batch:  # synced with the rest before any rename (_renames)
+                    run.deferred.append(_Deferred(src, name, parent, blob, k in run.inline))
+                    return
                 if unsynced:  # a small file's blob, or a new mode: synced here
                     try:
                         fsync_fd(fd)
@@ -689,24 +767,27 @@ class FileParticipant:
             run.dirs.open(op.path)
             run.touched.add(op.path)  # fsync the new directory's own inode too
 
-    def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int) -> str:
+    def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int,
+                batch: bool = False, redo: bool = False) -> str:
         """The file to rename over the k-th target: the blob itself, or a synced copy of it
-        when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash)."""
+        when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash; unsynced
+        in a ``batch``)."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
-        if os.path.exists(claim):
+        if os.path.exists(claim) and not (batch and redo and not _intact(claim, digest)):
             return claim  # made by an earlier, interrupted run of this apply
         if not copy:
             return self.blobs.path(digest)
-        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd), mode)
+        return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd), mode,
+                           sync=not batch)
 
     def _inline_source(self, tid: str, k: int, digest: str, data_b64: str, copy: bool,
-                       check: bool, mode: int) -> tuple[str, bool]:
+                       check: bool, mode: int, batch: bool = False) -> tuple[str, bool]:
         """As ``_source``, for a small file whose content the decision carries: (the file to
         rename over the k-th target, whether it still needs an fsync). The blob, unless it
         must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
         synced copy written from the decision."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
-        if os.path.exists(claim):
+        if os.path.exists(claim) and not (batch and check and not _intact(claim, digest)):
             return claim, False  # made by an earlier, interrupted run of this apply
         if not copy:
             path = self.blobs.path(digest)
@@ -725,7 +806,7 @@ class FileParticipant:
         data = binascii.a2b_base64(data_b64)
         if sha256_bytes(data) != digest:
             raise BlobCorrupt(digest, "not what the decision carries for it")
-        return _make_claim(claim, lambda fd: write_all(fd, data), mode), False
+        return _make_claim(claim, lambda fd: write_all(fd, data), mode, sync=not batch), False
 
     def _ensure_placed(self, dirs: Dirs, tid: str, k: int, op: Op, home: str) -> int | None:
         """The directory that holds the k-th placed content; placed again from the blob (or

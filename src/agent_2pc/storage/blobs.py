@@ -1,9 +1,11 @@
 """Content-addressed blob store: ``objects/<first two hex>/<sha256>``; pre-images apart.
 
 Staged content is written once, named by its SHA-256, read-only (0444), never hard-linked into
-the tree. A blob is not synced when staged: prepare checks its hash and syncs it (and its
-directory) before the decision record; every read checks the hash too, so a blob damaged by a
-machine crash is found before it can reach the tree.
+the tree. What exec captured is not even written once: the files the command wrote in the
+staged view's upper layer are moved in (``put_moved``), since the view is dropped right after
+(content already stored is left there). A blob is not synced when staged: prepare checks its
+hash and syncs it (and its directory) before the decision record; every read checks the hash
+too, so a blob damaged by a machine crash is found before it can reach the tree.
 
 At apply, a blob that no other live transaction names is *moved* into the tree (renamed over
 the target): its bytes were synced at prepare, so no copy and no new file is needed, and a
@@ -35,7 +37,7 @@ import itertools
 import os
 
 from ..core.confine import is_blob_name
-from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, write_all
+from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, sync_filesystems, write_all
 from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
 
 _counter = itertools.count()
@@ -103,12 +105,13 @@ def _tmp_name() -> str:
 class Pending:
     """A blob just staged: call ``settle()`` once its stage record is appended."""
 
-    __slots__ = ("store", "digest", "size", "_data", "_tmp")
+    __slots__ = ("store", "digest", "size", "_data", "_tmp", "_source")
 
     def __init__(self, store: BlobStore, digest: str, size: int, data: bytes | None = None,
-                 tmp: str | None = None) -> None:
+                 tmp: str | None = None, source: str | None = None) -> None:
         self.store, self.digest, self.size = store, digest, size
         self._data, self._tmp = data, tmp
+        self._source = source  # a file that holds the content until settle (put_moved)
 
     def settle(self) -> None:
         """Make sure the blob exists now that a record names it (it may have been moved away
@@ -120,10 +123,20 @@ class Pending:
             else:
                 rename(self._tmp, self.store.path(self.digest))
             self._tmp = None
+        elif not present and self._source is not None:
+            fd = os.open(self._source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                again = self.store.put_fd(fd)
+            finally:
+                os.close(fd)
+            if again.digest != self.digest:
+                again.discard()
+                raise BlobCorrupt(self.digest, f"no longer what {self._source} holds")
+            again.settle()
         elif not present:
             assert self._data is not None
             self.store.write(self._data, self.digest)
-        self._data = None
+        self._data = self._source = None
 
     def discard(self) -> None:
         """The record was not appended: drop what only we were keeping."""
@@ -140,6 +153,7 @@ class BlobStore:
         self.dir = objects_dir
         self.tmp_dir = os.path.join(objects_dir, "tmp")
         self.preimages = preimages_dir
+        self._dev: int | None = None  # the store's file system (put_moved)
 
     def path(self, digest: str) -> str:
         """Where the blob ``digest`` lives. A name that is not 64 lowercase hex digits (a
@@ -201,7 +215,11 @@ class BlobStore:
             os.unlink(tmp)
             raise
         os.close(fd)
-        digest = str(h.hexdigest())
+        return self._link_in(tmp, str(h.hexdigest()), size)
+
+    def _link_in(self, tmp: str, digest: str, size: int) -> Pending:
+        """Name the temp file ``tmp`` as the blob ``digest`` unless that blob is there; the
+        temp name stays until ``settle``."""
         if not self.has(digest, size):
             try:
                 os.unlink(self.path(digest))  # a short one left by a crash
@@ -209,6 +227,44 @@ class BlobStore:
                 pass
             os.link(tmp, self.path(digest))
         return Pending(self, digest, size, tmp=tmp)
+
+    def put_moved(self, path: str) -> Pending:
+        """Stage the regular file at ``path`` by moving it into the store rather than copying
+        it: for a file that its owner drops right after (a staged view's upper layer, which is
+        closed once its changes are staged). No new file, no copy of its bytes: one read to
+        hash it, one rename. A file that is not ours alone to take (another link to it, another
+        owner or file system, extended attributes such as overlayfs's own) is copied, as
+        ``put_fd`` does."""
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not self._movable(fd, st):
+                return self.put_fd(fd)
+            digest, size = sha256_fd(fd, st.st_size)
+            if self.has(digest, size):  # content staged before: nothing to move (an unlink
+                return Pending(self, digest, size, source=path)  # here would free blocks)
+            os.fchmod(fd, 0o444)
+            if size >= FRESH_MIN:
+                mark_written_now(fd)  # written in this boot, by the command
+        finally:
+            os.close(fd)
+        tmp = os.path.join(self.tmp_dir, _tmp_name())
+        rename(path, tmp)
+        return self._link_in(tmp, digest, size)
+
+    def _movable(self, fd: int, st: os.stat_result) -> bool:
+        import stat
+
+        if not (stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_uid == os.geteuid()):
+            return False
+        if self._dev is None:
+            self._dev = os.stat(self.dir).st_dev
+        if st.st_dev != self._dev:
+            return False
+        try:
+            return not os.listxattr(fd)
+        except OSError:
+            return False
 
     def read(self, digest: str) -> bytes:
         """The blob's bytes, checked against its name."""
@@ -221,15 +277,17 @@ class BlobStore:
             raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
         return data
 
-    def make_durable(self, digests: list[str]) -> None:
+    def make_durable(self, digests: list[str], batch: bool = False) -> None:
         """Check each blob's bytes against its name (unless it was written in this boot, see
         above) and fsync it, then fsync each fan-out directory once: after this the blobs
-        survive a machine crash under their names.
+        survive a machine crash under their names. ``batch`` (a big transaction,
+        durable.batching): one syncfs of the objects' file system instead of those fsyncs.
 
         A failed fsync discards every one of them: their bytes may be gone from the disk while
         the page cache still shows them, and a later fsync would succeed without writing them
         (PostgreSQL's fsyncgate). Staging the content again writes it anew."""
         fans = set()
+        top = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if batch else -1
         try:
             for digest in digests:
                 try:
@@ -241,16 +299,24 @@ class BlobStore:
                     if not (size >= FRESH_MIN and take_mark(fd)) and \
                             sha256_fd(fd, size)[0] != digest:
                         raise BlobCorrupt(digest, "damaged (its bytes do not match its hash)")
-                    fsync_fd(fd)
+                    if not batch:
+                        fsync_fd(fd)
                 finally:
                     os.close(fd)
                 fans.add(digest[:2])
-            for fan in fans:
-                fsync_dir(os.path.join(self.dir, fan))
+            if batch:
+                if digests:
+                    sync_filesystems([top])  # the blobs and their names, in one flush
+            else:
+                for fan in fans:
+                    fsync_dir(os.path.join(self.dir, fan))
         except FsyncFailed:
             for digest in digests:
                 self.discard(digest)
             raise
+        finally:
+            if top >= 0:
+                os.close(top)
 
     def copy_to(self, digest: str, dst: int) -> int:
         """Write the blob into ``dst``, checking the hash as it streams; return the size."""

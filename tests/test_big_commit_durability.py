@@ -171,10 +171,12 @@ def test_a_big_commit_killed_at_each_crash_point_ends_all_or_nothing(world, poin
     assert not [n for n in claims(root) if n.endswith(".part")]
 
 
-def test_a_copy_a_machine_crash_damaged_before_the_syncfs_is_made_again(world):
+@pytest.mark.parametrize("redo_batches", [True, False], ids=["redo-batched", "redo-unbatched"])
+def test_a_copy_a_machine_crash_damaged_before_the_syncfs_is_made_again(world, redo_batches):
     """A batched apply writes its copies unsynced: a machine crash before its syncfs can keep
     a copy's name with the wrong bytes. No rename has happened then (they all come after the
-    syncfs), so the redo checks each copy it finds and makes a damaged one again."""
+    syncfs), so the redo checks each copy it finds and makes a damaged one again -- also a
+    redo that would not batch itself (another AGENT2PC_SYNCFS_MIN)."""
     root, _, tid, _, new = world
     proc = cli(root, "commit", "--tid", tid, env={"AGENT2PC_CRASH_AT": "commit.mid_apply:60"})
     assert proc.returncode == 137
@@ -186,7 +188,8 @@ def test_a_copy_a_machine_crash_damaged_before_the_syncfs_is_made_again(world):
         path.chmod(0o644)
         path.write_bytes(b"\0" * size)
     assert snapshot(root) != new
-    out = json.loads(cli(root, "recover").stdout)
+    env = None if redo_batches else {"AGENT2PC_SYNCFS_MIN": "0"}
+    out = json.loads(cli(root, "recover", env=env).stdout)
     assert tid in out["rolled_forward"], out
     assert snapshot(root) == new
 

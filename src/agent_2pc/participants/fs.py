@@ -240,7 +240,9 @@ def _intact(claim: str, digest: str) -> bool:
     """Does the copy ``claim`` hold the blob ``digest``? A batched apply writes its copies
     unsynced and syncs them before any rename: a machine crash before that syncfs can leave
     one with its name and the wrong bytes (and then no rename has moved the blob it copies,
-    so it can be made again). Damaged or not, it is unlinked when it is not intact."""
+    so it can be made again). Damaged or not, it is unlinked when it is not intact. A redo
+    checks every copy it finds, batched or not by its own settings: the run that made it may
+    have batched (another AGENT2PC_SYNCFS_MIN, or a host with syncfs)."""
     try:
         fd = os.open(claim, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -773,7 +775,7 @@ class FileParticipant:
         when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash; unsynced
         in a ``batch``)."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
-        if os.path.exists(claim) and not (batch and redo and not _intact(claim, digest)):
+        if os.path.exists(claim) and not (redo and not _intact(claim, digest)):
             return claim  # made by an earlier, interrupted run of this apply
         if not copy:
             return self.blobs.path(digest)
@@ -787,7 +789,7 @@ class FileParticipant:
         must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
         synced copy written from the decision."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
-        if os.path.exists(claim) and not (batch and check and not _intact(claim, digest)):
+        if os.path.exists(claim) and not (check and not _intact(claim, digest)):
             return claim, False  # made by an earlier, interrupted run of this apply
         if not copy:
             path = self.blobs.path(digest)

@@ -41,6 +41,7 @@ O_CLOEXEC = 0o2000000
 AT_REMOVEDIR = 0x200
 
 FILE, DIR, LINK = "f", "d", "l"
+_CLONES = ("clone", "clone3", "fork", "vfork")
 _VIEW_SCRATCH = re.compile(r"^/\.agent-tx/(tx|trash)/[^/]+/view-[^/]+/")
 
 
@@ -251,14 +252,30 @@ class Interpreter:
     # -- calls ---------------------------------------------------------------------------------
 
     def feed(self, calls: list[Call]) -> None:
+        # Calls come in the order strace printed their completion, and a child's first calls
+        # can come before its parent's clone returns (a loaded machine does it). The parent
+        # is blocked in the clone meanwhile, so taking the clone at its child's first call
+        # is what happened: the child gets its parent's namespace and descriptors as they
+        # were then.
+        born = {c.ret: c for c in calls if c.name in _CLONES and c.ok and c.ret}
+        early: set[int] = set()  # the indices of clones taken at their child's first call
         for call in calls:
-            if call.pid in self._foreign:
-                if call.name in ("clone", "clone3", "fork", "vfork") and call.ok and call.ret:
-                    self._foreign.add(call.ret)
+            if call.index in early:
                 continue
-            handler = getattr(self, "_c_" + call.name, None)
-            if handler is not None:
-                handler(call)
+            clone = born.get(call.pid)
+            if clone is not None and clone.index > call.index and clone.index not in early:
+                early.add(clone.index)
+                self._take(clone)
+            self._take(call)
+
+    def _take(self, call: Call) -> None:
+        if call.pid in self._foreign:
+            if call.name in _CLONES and call.ok and call.ret:
+                self._foreign.add(call.ret)
+            return
+        handler = getattr(self, "_c_" + call.name, None)
+        if handler is not None:
+            handler(call)
 
     def _c_unshare(self, call: Call) -> None:
         if call.ok and "CLONE_NEWNS" in call.args[0]:

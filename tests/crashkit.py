@@ -91,3 +91,16 @@ def tree_files_with_temp_names(root: Path) -> list[str]:
         if ".tmp" in name or "a2pc" in name:
             bad.append(rel)
     return bad
+
+
+def assert_recovered_and_usable(root: Path) -> None:
+    """What every crash test checks at the end: no temporary file left in the tree, a log
+    without damage, and a new transaction commits."""
+    assert tree_files_with_temp_names(root) == []
+    assert wal_is_clean(root)
+    c = Agent2PC(root)
+    tx = c.begin()
+    tx.stage_write("after.txt", "works\n")
+    assert tx.commit()["state"] == "committed"
+    assert (root / "after.txt").read_text() == "works\n"
+    c.close()

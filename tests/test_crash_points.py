@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from crashkit import (
+    assert_recovered_and_usable,
     cli,
     make_repo,
     snapshot,
     stage_everything,
-    tree_files_with_temp_names,
     wal_is_clean,
 )
 
@@ -65,14 +65,7 @@ class World:
         return json.loads(proc.stdout)["transactions"][0]["state"]
 
     def check_invariants(self) -> None:
-        assert tree_files_with_temp_names(self.root) == []
-        assert wal_is_clean(self.root)
-        # New transactions work.
-        c = Agent2PC(self.root)
-        tx = c.begin()
-        tx.stage_write("after.txt", "works\n")
-        assert tx.commit()["state"] == "committed"
-        assert (self.root / "after.txt").read_text() == "works\n"
+        assert_recovered_and_usable(self.root)
 
 
 def commit_crash(point: str, expect: str, rolled: str):

@@ -14,12 +14,11 @@ from typing import Any
 
 import pytest
 from crashkit import (
+    assert_recovered_and_usable,
     cli,
     make_repo,
     snapshot,
     stage_everything,
-    tree_files_with_temp_names,
-    wal_is_clean,
 )
 
 from agent_2pc import Agent2PC, TransactionAborted
@@ -71,12 +70,7 @@ class World:
         return out
 
     def check_invariants(self) -> None:
-        assert tree_files_with_temp_names(self.root) == []
-        assert wal_is_clean(self.root)
-        c = Agent2PC(self.root)
-        tx = c.begin()
-        tx.stage_write("after.txt", "works\n")
-        assert tx.commit()["state"] == "committed"
+        assert_recovered_and_usable(self.root)
 
 
 @pytest.fixture

@@ -109,3 +109,25 @@ def test_preimages_keep_what_a_commit_replaced(tmp_path):
     kept = sorted((tmp_path / ".agent-tx" / "preimages").iterdir())
     assert [p.name for p in kept] == [f"{tx.tid}.0"]
     assert kept[0].read_text() == "original\n"
+
+
+def test_the_sweep_never_takes_a_copy_that_a_transaction_it_does_not_know_is_applying(tmp_path):
+    """A process's sweep judges the copies in objects/tmp by its picture of the log, which may
+    predate a transaction begun since: that transaction's lock, held through its apply,
+    keeps its copies (a parallel commit lost one mid-rename: ApplyFailed, ENOENT)."""
+    sweeper = Agent2PC.init(tmp_path)  # its picture of the log: before the transaction
+    applier = Agent2PC(tmp_path)
+    tid = applier.begin().tid
+    copy = tmp_path / ".agent-tx" / "objects" / "tmp" / f"claim-{tid}-0.part"
+    lock = applier.engine.journal.tx_lock(tid)
+    lock.acquire()
+    try:
+        copy.write_bytes(b"being written\n")
+        sweeper.engine.compaction.sweep_scratch()
+        assert copy.exists()
+    finally:
+        lock.release()
+    sweeper.engine.compaction.sweep_scratch()  # no holder now: left by a dead run
+    assert not copy.exists()
+    sweeper.close()
+    applier.close()

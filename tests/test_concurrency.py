@@ -47,9 +47,17 @@ def _run_workers(root: Path, mode: str, workers: int, rounds: int) -> list[dict]
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(root), mode, str(i),
                                str(rounds)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(workers)]
+    answers = []
+    try:
+        for p in procs:
+            answers.append(p.communicate(timeout=200))
+    finally:  # every worker waited for, whatever failed (none left running to later tests)
+        for p in procs:
+            if p.returncode is None:
+                p.kill()
+                p.communicate()
     results = []
-    for p in procs:
-        out, err = p.communicate(timeout=200)
+    for p, (out, err) in zip(procs, answers, strict=True):
         assert p.returncode == 0, err
         results.append(json.loads(out))
     return results

@@ -119,7 +119,9 @@ class Compaction:
         for name in os.listdir(layout.objects_tmp):
             if name.startswith("claim-"):
                 tid = name[len("claim-"):].rsplit("-", 1)[0]  # claim-<tid>-<k>[.part]
-                dead = not self.journal.live(tid)
+                # Not live in our picture of the log, which may predate the transaction
+                # (it began after our refresh): its lock, held from commit to end, says.
+                dead = not self.journal.live(tid) and self.journal.tx_lock(tid).is_free()
             else:
                 pid = name.partition("-")[0]
                 dead = pid.isdigit() and not pid_alive(int(pid))

@@ -32,7 +32,7 @@ import uuid
 from _common import BenchDir, emit, log, machine, now, ratio, venv_python
 from _common import wall_summary as summary
 from stage_sql import measure as measure_stage_sql
-from stage_sql import start_cluster
+from stage_sql import server_2pc
 
 
 def _workspace(path: str) -> str:
@@ -197,23 +197,11 @@ def main() -> None:
     args = ap.parse_args()
     reps, clients = (2, 2) if args.smoke else (args.reps, args.clients)
     with BenchDir("distributed") as d:
-        dsn = os.environ.get("AGENT2PC_BENCH_POSTGRES_2PC_DSN")
-        stop = None
-        server = "given"
-        if not dsn:
-            pg = os.path.join(d.path, "pg")
-            os.makedirs(pg)
-            os.chmod(d.path, 0o755)
-            dsn, stop = start_cluster(pg)
-            server = "throwaway cluster, fsync on"
-        try:
+        with server_2pc(d.path) as (dsn, server):
             result = measure(dsn, d.path, reps, clients)
             log("stage_sql + commit vs psycopg")
             result["stage_sql_vs_psycopg"] = measure_stage_sql(
                 dsn, os.path.join(d.path, "sqlws"), 3 if args.smoke else reps)
-        finally:
-            if stop is not None:
-                subprocess.run(stop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         emit({"benchmark": "distributed", "reps": reps, "server": server,
               "work": "two files (one per workspace; in two directories locally) and an "
               "INSERT + UPDATE through the Postgres participant",

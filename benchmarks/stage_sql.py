@@ -19,12 +19,14 @@ The server: $AGENT2PC_BENCH_POSTGRES_2PC_DSN, else a throwaway cluster (initdb/p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import shutil
 import socket
 import subprocess
 import uuid
+from typing import Iterator
 
 from _common import BenchDir, emit, log, machine, now, ratio
 from _common import wall_summary as summary
@@ -59,6 +61,25 @@ def start_cluster(path: str) -> tuple[str, list[str]]:
                     os.path.join(path, "log"), "start"], check=True, stdout=subprocess.DEVNULL)
     return (f"postgresql://postgres@127.0.0.1:{port}/postgres",
             [*prefix, pg_ctl, "-D", data, "-m", "fast", "-w", "stop"])
+
+
+@contextlib.contextmanager
+def server_2pc(workdir: str) -> Iterator[tuple[str, str]]:
+    """(DSN, what it is) of a server with max_prepared_transactions on:
+    $AGENT2PC_BENCH_POSTGRES_2PC_DSN, else a throwaway cluster in ``workdir``/pg, stopped at
+    the end."""
+    dsn = os.environ.get("AGENT2PC_BENCH_POSTGRES_2PC_DSN")
+    if dsn:
+        yield dsn, "given"
+        return
+    pg = os.path.join(workdir, "pg")
+    os.makedirs(pg)
+    os.chmod(workdir, 0o755)  # the postgres user goes through it to its data
+    dsn, stop = start_cluster(pg)
+    try:
+        yield dsn, "throwaway cluster, fsync on"
+    finally:
+        subprocess.run(stop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def measure(dsn: str, ws: str, reps: int) -> dict:
@@ -131,20 +152,8 @@ def main() -> None:
     args = ap.parse_args()
     reps = 3 if args.smoke else args.reps
     with BenchDir("sql") as d:
-        dsn = os.environ.get("AGENT2PC_BENCH_POSTGRES_2PC_DSN")
-        stop = None
-        server = "given"
-        if not dsn:
-            pg = os.path.join(d.path, "pg")
-            os.makedirs(pg)
-            os.chmod(d.path, 0o755)  # the postgres user goes through it to its data
-            dsn, stop = start_cluster(pg)
-            server = "throwaway cluster, fsync on"
-        try:
+        with server_2pc(d.path) as (dsn, server):
             result = measure(dsn, os.path.join(d.path, "ws"), reps)
-        finally:
-            if stop is not None:
-                subprocess.run(stop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         emit({"benchmark": "stage_sql", "reps": reps, "server": server,
               "statements": "INSERT one row; UPDATE it", "file": "one file written with it",
               **result, "disk": d.describe(probe=False), "machine": machine()},

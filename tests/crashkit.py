@@ -46,12 +46,17 @@ def snapshot(root: str | Path) -> dict[str, tuple[bytes, int] | str]:
     return out
 
 
-def make_repo(root: Path) -> Agent2PC:
-    for rel, data in BEFORE.items():
+def write_files(root: Path, files: dict[str, bytes]) -> None:
+    """``files`` (path -> content) under ``root``, mode 0644, parents made."""
+    for rel, data in files.items():
         p = root / rel
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_bytes(data)
         p.chmod(0o644)
+
+
+def make_repo(root: Path) -> Agent2PC:
+    write_files(root, BEFORE)
     (root / "mod2.py").chmod(0o755)
     return Agent2PC.init(root)
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from crashkit import cli, snapshot, tree_files_with_temp_names, wal_is_clean
+from crashkit import cli, snapshot, tree_files_with_temp_names, wal_is_clean, write_files
 
 from agent_2pc import Agent2PC
 from agent_2pc.storage import durable
@@ -33,11 +33,7 @@ BEFORE["keep.txt"] = b"untouched\n"
 
 
 def make_repo(root: Path) -> Agent2PC:
-    for rel, data in BEFORE.items():
-        p = root / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_bytes(data)
-        p.chmod(0o644)
+    write_files(root, BEFORE)
     return Agent2PC.init(root)
 
 

@@ -28,6 +28,8 @@ from agent_2pc.storage import wal_format  # noqa: E402
 
 BIG = bytes(range(256)) * 400  # 100 KiB: a blob synced at prepare, moved at apply
 BIG2 = bytes(reversed(range(256))) * 400
+HUGE = bytes(range(256)) * (4 << 12) + b"tail"  # 4 MiB and more: copied by the kernel while
+#                                                 a thread hashes it (blobs.COPY_MIN)
 
 
 def steps(extra: str) -> list[tuple[str, list[str], dict[str, str]]]:
@@ -45,6 +47,8 @@ def steps(extra: str) -> list[tuple[str, list[str], dict[str, str]]]:
                        f"{extra}/big.bin"], {}),
         ("stage big2", ["stage-write", "--tid", "{t0}", "--path", "new/dir/big2.bin",
                         "--from-file", f"{extra}/big2.bin"], {}),
+        ("stage huge", ["stage-write", "--tid", "{t0}", "--path", "huge.bin", "--from-file",
+                        f"{extra}/huge.bin"], {}),
         ("stage mnt", ["stage-write", "--tid", "{t0}", "--path", "mnt/m.txt", "--content",
                        "on tmpfs, changed\n"], {}),
         ("commit t0", ["commit", "--tid", "{t0}"], {}),
@@ -118,7 +122,7 @@ def log_view(root: str) -> dict[str, object]:
 
 def main(root: str, mode: str, fault_step: int = -1, spec: str = "") -> dict[str, object]:
     extra = tempfile.mkdtemp()
-    for name, data in (("big.bin", BIG), ("big2.bin", BIG2)):
+    for name, data in (("big.bin", BIG), ("big2.bin", BIG2), ("huge.bin", HUGE)):
         with open(os.path.join(extra, name), "wb") as f:
             f.write(data)
     import agent_2pc.cli.commands  # noqa: F401  (warm: children fork from here)
@@ -182,8 +186,17 @@ def _blobs(root: str) -> list[str]:
 
 
 def _tree(root: str) -> dict[str, object]:
-    return {k: [v[0].decode("latin-1"), v[1]] if isinstance(v, tuple) else v
+    return {k: [_text(v[0]), v[1]] if isinstance(v, tuple) else v
             for k, v in snapshot(root).items()}
+
+
+def _text(data: bytes) -> str:
+    """A file's content as JSON can carry it: a big one by its hash."""
+    if len(data) > 1 << 20:
+        import hashlib
+
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+    return data.decode("latin-1")
 
 
 if __name__ == "__main__":

@@ -195,3 +195,134 @@ def test_stage_write_file_refuses_a_text_file_object_and_stages_nothing(tmp_path
         tx.stage_write_file("a.txt", io.StringIO("text"))  # type: ignore[arg-type]
     assert tx.status()["ops"] == 0
     assert os.listdir(client.engine.blobs.tmp_dir) == []
+
+
+# --- a large file is copied by the kernel while a thread hashes the copy (blobs.put_fd) ------
+
+def staged_blob(client: Agent2PC, tid: str, path: str) -> Path:
+    digest = next(op.blob for op in client.engine.txs[tid].changes() if op.path == path)
+    return Path(client.engine.blobs.path(digest))
+
+
+def counting_copies(monkeypatch: pytest.MonkeyPatch, after=None) -> list[int]:  # type: ignore[no-untyped-def]
+    """Count blobs.copy_range's calls; ``after(n_calls)`` runs after each."""
+    calls: list[int] = []
+    real = blobs_mod.copy_range
+
+    def copy(src: int, dst: int, count: int) -> int:
+        n = real(src, dst, count)
+        calls.append(n)
+        if after is not None:
+            after(len(calls))
+        return n
+
+    monkeypatch.setattr(blobs_mod, "copy_range", copy)
+    return calls
+
+
+def test_a_large_file_is_copied_by_the_kernel_and_named_by_the_hash_of_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+
+    (tmp_path / "ws").mkdir()
+    client = Agent2PC.init(tmp_path / "ws")
+    data = os.urandom(blobs_mod.COPY_CHUNK * 2 + 12345)  # three chunks, the last one short
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    calls = counting_copies(monkeypatch)
+    tx = client.begin()
+    with open(src, "rb") as f:
+        f.read(10)  # a file object read from: staged from where it stands
+        assert tx.stage_write_file("big.bin", f)["bytes"] == len(data) - 10
+    assert sum(calls) == len(data) - 10 and calls[-1] == 0, calls  # all of it by the kernel
+    blob = staged_blob(client, tx.tid, "big.bin")
+    assert blob.name == hashlib.sha256(data[10:]).hexdigest()
+    tx.commit()
+    assert (tmp_path / "ws" / "big.bin").read_bytes() == data[10:]
+    assert os.listdir(client.engine.blobs.tmp_dir) == []
+
+
+def test_a_large_file_whose_bytes_change_while_it_is_copied_gives_a_blob_named_by_its_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hash is of the copy read back, not of the source read separately: a source that
+    another program writes during the copy cannot give a blob whose name lies."""
+    import hashlib
+
+    (tmp_path / "ws").mkdir()
+    client = Agent2PC.init(tmp_path / "ws")
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"a" * (blobs_mod.COPY_CHUNK * 2))
+
+    def rewrite_the_rest(n_calls: int) -> None:
+        if n_calls == 1:  # the first chunk is copied: change what is not yet
+            with open(src, "r+b") as f:
+                f.seek(blobs_mod.COPY_CHUNK)
+                f.write(b"b" * blobs_mod.COPY_CHUNK)
+
+    counting_copies(monkeypatch, rewrite_the_rest)
+    tx = client.begin()
+    tx.stage_write_file("big.bin", src)
+    blob = staged_blob(client, tx.tid, "big.bin")
+    content = blob.read_bytes()
+    assert blob.name == hashlib.sha256(content).hexdigest()
+    assert content == b"a" * blobs_mod.COPY_CHUNK + b"b" * blobs_mod.COPY_CHUNK
+
+
+def test_a_large_file_the_kernel_cannot_copy_is_streamed_from_where_the_copy_stopped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    (tmp_path / "ws").mkdir()
+    client = Agent2PC.init(tmp_path / "ws")
+    data = os.urandom(blobs_mod.COPY_CHUNK * 2 + 99)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+    real = blobs_mod.copy_range
+    calls: list[int] = []
+
+    def copy_once_then_exdev(src_fd: int, dst: int, count: int) -> int:
+        calls.append(count)
+        if len(calls) > 1:  # as between file systems the kernel cannot copy across
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV))
+        return real(src_fd, dst, count)
+
+    monkeypatch.setattr(blobs_mod, "copy_range", copy_once_then_exdev)
+    tx = client.begin()
+    assert tx.stage_write_file("big.bin", src)["bytes"] == len(data)
+    assert len(calls) == 2
+    tx.commit()
+    assert (tmp_path / "ws" / "big.bin").read_bytes() == data
+
+
+@pytest.mark.parametrize("err", ["ENOSPC", "EIO"])
+def test_a_large_copy_that_fails_stages_nothing_and_leaves_no_temp_file_or_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: str) -> None:
+    import errno
+    import threading
+
+    (tmp_path / "ws").mkdir()
+    client = Agent2PC.init(tmp_path / "ws")
+    src = tmp_path / "src.bin"
+    src.write_bytes(os.urandom(blobs_mod.COPY_CHUNK * 2))
+    real = blobs_mod.copy_range
+    calls: list[int] = []
+
+    def copy_once_then_fail(src_fd: int, dst: int, count: int) -> int:
+        calls.append(count)
+        if len(calls) > 1:  # the disk filled up (or failed) after one chunk
+            raise OSError(getattr(errno, err), os.strerror(getattr(errno, err)))
+        return real(src_fd, dst, count)
+
+    monkeypatch.setattr(blobs_mod, "copy_range", copy_once_then_fail)
+    threads = threading.active_count()
+    tx = client.begin()
+    with pytest.raises(OSError) as info:
+        tx.stage_write_file("big.bin", src)
+    assert info.value.errno == getattr(errno, err)
+    assert tx.status()["ops"] == 0
+    assert os.listdir(client.engine.blobs.tmp_dir) == []
+    assert threading.active_count() == threads  # the hashing thread is gone
+    monkeypatch.setattr(blobs_mod, "copy_range", real)
+    tx.stage_write_file("big.bin", src)  # and the next try goes through
+    tx.commit()
+    assert (tmp_path / "ws" / "big.bin").read_bytes() == src.read_bytes()

@@ -50,7 +50,10 @@ SITES: dict[str, str] = {
                                                  "history names them (undo)",
     "blobs.write:write": "staging writes a blob (temp file)",
     "blobs.write:rename": "staging renames a blob into objects/",
-    "blobs.put_fd:write": "staging streams a blob (from a file, stdin, exec's capture)",
+    "blobs._stream:write": "staging streams a blob (from a small file, stdin, exec's "
+                           "capture)",
+    "blobs._copy_following:write": "staging copies a large file into a blob "
+                                   "(copy_file_range)",
     "blobs.put_moved:rename": "exec's capture moves a file of the staged view into the "
                               "blob store",
     "blobs.copy_to:write": "a blob copied (a copy to rename over a target; content placed "

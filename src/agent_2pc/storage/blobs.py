@@ -15,7 +15,9 @@ blob present and is about to name it: the mover decides under the log lock, afte
 appended record, and a stager checks again *after* appending its record (``Pending.settle``) and
 writes the blob anew if it was moved meanwhile. Garbage collection removes under the same rule.
 
-Large blobs are read once. Staging hashes a large file while it writes it and marks the new blob
+Large blobs are read once. Staging hashes a large file while it writes it (from ``COPY_MIN`` on,
+the kernel copies it while a second thread hashes the copy and the disk starts writing it: the
+three overlap, so a large file is staged at about the speed of ``cp``) and marks the new blob
 with the boot it was written in (an extended attribute, ``user.agent2pc.boot``). Prepare's check
 of a blob's bytes against its name is there for a machine crash between staging and prepare: it
 can leave a blob that was never synced with the right size and the wrong bytes. A blob written
@@ -37,10 +39,27 @@ import itertools
 import os
 
 from ..core.confine import is_blob_name
-from .durable import FsyncFailed, fsync_dir, fsync_fd, rename, sync_filesystems, write_all
-from .hashing import CHUNK, hasher, sha256_bytes, sha256_fd
+from .durable import (
+    COPY_UNSUPPORTED,
+    FsyncFailed,
+    copy_range,
+    fsync_dir,
+    fsync_fd,
+    rename,
+    start_writeback,
+    sync_filesystems,
+    write_all,
+)
+from .hashing import CHUNK, Follower, hasher, sha256_bytes, sha256_fd
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 _counter = itertools.count()
+
+COPY_MIN = 4 << 20  # from this size on, a file is copied by the kernel and hashed beside it
+COPY_CHUNK = 8 << 20  # bytes per copy_file_range, and per writeback started
 
 FRESH_MIN = 1 << 20  # from this size on, a blob carries its boot (smaller: hashed again, cheap)
 BOOT_XATTR = "user.agent2pc.boot"
@@ -96,6 +115,48 @@ class BlobCorrupt(Exception):
     def __init__(self, digest: str, why: str) -> None:
         super().__init__(f"blob {digest[:12]} is {why}")
         self.digest = digest
+
+
+def _copy_following(src: int, dst: int, follower: Follower) -> tuple[int, bool]:
+    """Copy ``src`` (from its position) to ``dst`` by copy_file_range, telling ``follower``
+    and starting the writeback after each chunk: (bytes copied, whether that is all of it;
+    False when the kernel cannot copy between these two files: the caller streams the rest)."""
+    size = 0
+    while True:
+        try:
+            n = copy_range(src, dst, COPY_CHUNK)
+        except OSError as exc:
+            if exc.errno in COPY_UNSUPPORTED:
+                return size, False
+            raise
+        if not n:
+            return size, True
+        start_writeback(dst, size, n)
+        size += n
+        follower.advance(size)
+
+
+def _stream(src: int, dst: int, h: Any, follower: Follower | None, size: int) -> int:
+    """Read ``src`` to its end and write it to ``dst`` (which holds ``size`` bytes already),
+    hashing it into ``h`` or telling ``follower``; the writeback of a big stream is started
+    every ``COPY_CHUNK``. The total size."""
+    buf = bytearray(CHUNK)  # one buffer, read into again and again: no 1 MiB allocation (an
+    view = memoryview(buf)  # mmap, page faults, an munmap) per chunk
+    kicked = size
+    while True:
+        n = os.readv(src, [buf])
+        if not n:
+            return size
+        chunk = view[:n]
+        if h is not None:
+            h.update(chunk)
+        write_all(dst, chunk)
+        size += n
+        if follower is not None:
+            follower.advance(size)
+        if size - kicked >= COPY_CHUNK:
+            start_writeback(dst, kicked, size - kicked)
+            kicked = size
 
 
 def _tmp_name() -> str:
@@ -189,33 +250,43 @@ class BlobStore:
 
     def put_fd(self, src: int) -> Pending:
         """Stream everything readable from ``src`` into a blob (pipes and files alike; the
-        content is never held whole in memory). The temp file is kept, linked, until settle."""
+        content is never held whole in memory). The temp file is kept, linked, until settle.
+
+        A regular file from ``COPY_MIN`` on is copied by the kernel (copy_file_range), while
+        a second thread hashes the copy behind it (hashing.Follower), and its writeback is
+        started chunk by chunk, so that prepare's fsync finds it mostly written: the copy,
+        the hash and the disk's writing overlap. Anything else (a pipe, a small file, two
+        files the kernel cannot copy between) is read, hashed and written chunk by chunk."""
         import stat
 
         tmp = os.path.join(self.tmp_dir, _tmp_name())
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
         st = os.fstat(src)
-        h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # a pipe: size unknown
-        size = 0
-        buf = bytearray(CHUNK)  # one buffer, read into again and again: no 1 MiB allocation
-        view = memoryview(buf)  # (an mmap, page faults, an munmap) per chunk
+        big = stat.S_ISREG(st.st_mode) and st.st_size >= COPY_MIN
+        fd = os.open(tmp, (os.O_RDWR if big else os.O_WRONLY) | os.O_CREAT | os.O_EXCL
+                     | os.O_CLOEXEC, 0o444)
+        follower = Follower(fd) if big else None
         try:
-            while True:
-                n = os.readv(src, [buf])
-                if not n:
-                    break
-                chunk = view[:n]
-                h.update(chunk)
-                write_all(fd, chunk)
-                size += n
+            if follower is not None:
+                size, all_copied = _copy_following(src, fd, follower)
+                if not all_copied:
+                    size = _stream(src, fd, None, follower, size)
+                digest, hashed = follower.finish()
+                follower = None
+                assert hashed == size, (hashed, size)
+            else:
+                h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # a pipe: ?
+                size = _stream(src, fd, h, None, 0)
+                digest = str(h.hexdigest())
             if size >= FRESH_MIN:
                 mark_written_now(fd)
         except BaseException:
+            if follower is not None:
+                follower.close()
             os.close(fd)
             os.unlink(tmp)
             raise
         os.close(fd)
-        return self._link_in(tmp, str(h.hexdigest()), size)
+        return self._link_in(tmp, digest, size)
 
     def _link_in(self, tmp: str, digest: str, size: int) -> Pending:
         """Name the temp file ``tmp`` as the blob ``digest`` unless that blob is there; the

@@ -14,6 +14,7 @@ Agent2PCError on purpose: it is not an answer, it ends the process's work.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from .. import faults
@@ -27,23 +28,29 @@ class FsyncFailed(OSError):
 # cache flush of the disk: 1-10 ms here; a syncfs one flush plus the file system's dirty
 # data). AGENT2PC_SYNCFS_MIN sets it (0: never), for tests of the batched path on few files.
 SYNCFS_MIN = int(os.environ.get("AGENT2PC_SYNCFS_MIN", "") or 64)
-_syncfs: list[object] = []  # [libc.syncfs] or [None] where there is none
+_libc_fns: dict[str, object] = {}  # name -> libc function, or None where there is none
 
 
-def _libc_syncfs() -> object:
-    if not _syncfs:
+def _libc(name: str, *argtypes: object) -> object:
+    """``libc.<name>`` through ctypes, looked up once (None where there is none)."""
+    if name not in _libc_fns:
         fn = None
         try:
-            import ctypes  # only for big batches: ctypes costs the CLI a few ms to import
+            import ctypes  # only for big batches and big files: a few ms for the CLI to import
 
-            libc = ctypes.CDLL(None, use_errno=True)
-            fn = libc.syncfs
-            fn.argtypes = [ctypes.c_int]
+            fn = getattr(ctypes.CDLL(None, use_errno=True), name)
+            fn.argtypes = list(argtypes)
             fn.restype = ctypes.c_int
         except (OSError, AttributeError, ImportError):
             fn = None
-        _syncfs.append(fn)
-    return _syncfs[0]
+        _libc_fns[name] = fn
+    return _libc_fns[name]
+
+
+def _libc_syncfs() -> object:
+    import ctypes
+
+    return _libc("syncfs", ctypes.c_int)
 
 
 def batching(count: int) -> bool:
@@ -81,6 +88,34 @@ def sync_filesystems(fds: list[int]) -> int:
             seen.add(dev)
             syncfs_fd(fd)
     return len(seen)
+
+
+def start_writeback(fd: int, offset: int, count: int) -> None:
+    """Ask the kernel to start writing ``count`` bytes of ``fd`` from ``offset`` to the disk
+    now, without waiting (sync_file_range(2) with SYNC_FILE_RANGE_WRITE). It makes nothing
+    durable (an fsync is still needed, and reports any error of this writeback): it lets the
+    disk work while the caller goes on, so that the fsync finds little left to write. Best
+    effort: nothing happens where the call is missing or refused."""
+    import ctypes
+
+    fn = _libc("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    if fn is not None:
+        fn(fd, offset, count, 2)  # type: ignore[operator]  # SYNC_FILE_RANGE_WRITE
+
+
+def copy_range(src: int, dst: int, count: int) -> int:
+    """One copy_file_range(2) of up to ``count`` bytes from ``src``'s position to ``dst``'s,
+    inside the kernel: the bytes copied, 0 at the end of ``src``. Raises OSError where the
+    kernel cannot copy between these files (EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: see
+    ``COPY_UNSUPPORTED``); an injected failure copies half first, as a failed write."""
+    if faults.ARMED:
+        faults.hit("write", lambda: os.copy_file_range(src, dst, count // 2))
+    return os.copy_file_range(src, dst, count)
+
+
+# What copy_file_range answers where it cannot copy between two files: copy through user space.
+COPY_UNSUPPORTED = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP,
+                              errno.EBADF, errno.ETXTBSY})
 
 
 def fsync_fd(fd: int, _kind: str = "fsync") -> None:

@@ -61,3 +61,67 @@ def link_fingerprint(target: str) -> str:
     """What a symbolic link to ``target`` is, as a staged op's ``pre`` and prepare compare it:
     ``symlink:`` and the sha256 of the target's bytes (core/states.py)."""
     return "symlink:" + sha256_bytes(os.fsencode(target))
+
+
+class Follower:
+    """SHA-256 of a file that the calling thread is writing, computed by a thread of its own
+    that reads behind the writer (``advance(end)`` says how far the file is written) and
+    hashes what it reads. The reads come from the page cache, and both they and OpenSSL's
+    hashing release the GIL: on two cores the hash costs about no time beside the writing.
+
+    What is hashed is what the file holds, read back, not what the writer meant to write: a
+    source that changes while it is copied still gives a blob whose name is its content."""
+
+    def __init__(self, fd: int) -> None:
+        import hashlib
+        import threading
+
+        self._fd = fd
+        self._h = hashlib.sha256()
+        self._end = 0
+        self._stop = False
+        self._error: BaseException | None = None
+        self._done = 0  # bytes hashed
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="agent2pc-hash", daemon=True)
+        self._thread.start()
+
+    def advance(self, end: int) -> None:
+        """The file is written up to ``end``: hash on to there."""
+        with self._cond:
+            self._end = end
+            self._cond.notify()
+
+    def finish(self) -> tuple[str, int]:
+        """Wait for the hash of everything advanced to; (hex digest, size)."""
+        self.close()
+        if self._error is not None:
+            raise self._error
+        return str(self._h.hexdigest()), self._done
+
+    def close(self) -> None:
+        """Stop (after what was advanced to) and wait for the thread; no answer, no raise."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _run(self) -> None:
+        buf = bytearray(CHUNK)
+        view = memoryview(buf)
+        try:
+            while True:
+                with self._cond:
+                    while self._done >= self._end and not self._stop:
+                        self._cond.wait()
+                    end = self._end
+                    if self._done >= end:
+                        return
+                while self._done < end:
+                    n = os.preadv(self._fd, [view[:min(CHUNK, end - self._done)]], self._done)
+                    if not n:
+                        raise OSError(5, "the file being hashed got shorter than written")
+                    self._h.update(view[:n])
+                    self._done += n
+        except BaseException as exc:  # handed to finish()
+            self._error = exc

@@ -55,10 +55,11 @@ FILES_PER_DIR = 100
 MODES = {
     "full": {"large_mib": [64, 256, 1024], "tree": [1000, 20000, 50000],
              "history": [0, 10000, 1000000], "agents": [1, 10, 50],
-             "view": [20000, 200000], "runs": 3, "agent_rounds": 6, "step_runs": 7},
+             "view": [20000, 200000], "runs": 3, "agent_rounds": 6, "agent_total": 300,
+             "step_runs": 7},
     "quick": {"large_mib": [64, 256], "tree": [1000, 20000], "history": [0, 10000, 100000],
               "agents": [1, 10, 50], "view": [20000, 200000], "runs": 2, "agent_rounds": 4,
-              "step_runs": 5},
+              "agent_total": 200, "step_runs": 5},
     "smoke": {"large_mib": [4], "tree": [200], "history": [0, 500], "agents": [1, 3],
               "view": [300], "runs": 1, "agent_rounds": 1, "step_runs": 1},
 }
@@ -474,41 +475,62 @@ print(json.dumps({"lat": lat, "first": t_first, "last": time.time()}))
 
 
 def section_agents(mode: dict, python: str, env: dict, console: str) -> dict:
-    out: dict = {"rounds_per_agent": mode["agent_rounds"], "levels": {}}
+    """Each level twice: the agents working in their own processes on the log (``direct``),
+    and through the workspace's daemon (``daemon``: one process holds the folded log, commits
+    that arrive together share an fsync)."""
+    out: dict = {"rounds_per_agent_min": mode["agent_rounds"],
+                 "transactions_per_level_min": mode.get("agent_total", 0), "levels": {},
+                 "daemon": {}}
     with Scratch("agents") as d:
         for n in mode["agents"]:
-            root = os.path.join(d.path, f"ws-{n}")
-            os.makedirs(root)
-            sh([console, "--root", root, "init"], env=env)
-            os.sync()
-            start = time.time() + 1.0 + 0.12 * n  # every agent imported before the start
-            procs = [subprocess.Popen([python, "-c", AGENT, root, str(me),
-                                       str(mode["agent_rounds"]), str(start)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                     for me in range(n)]
-            res = []
-            for p in procs:
-                o, e = p.communicate()
-                if p.returncode != 0:
-                    raise SystemExit(f"agent failed: {e.decode()[-2000:]}")
-                res.append(json.loads(o))
-            lat = [x for r in res for x in r["lat"]]
-            late = max(0.0, min(r["first"] for r in res) - start)
-            span = max(r["last"] for r in res) - min(r["first"] for r in res)
-            out["levels"][str(n)] = {"transactions": len(lat),
-                                     "throughput_tx_per_s": round(len(lat) / span, 1),
-                                     "latency": C.latency_ms(lat),
-                                     "first_agent_late_s": round(late, 3)}
-            C.log(f"(d) {n} agents: {out['levels'][str(n)]['throughput_tx_per_s']} tx/s")
-            delete_later(root)
-    levels = list(out["levels"])
-    one = out["levels"][levels[0]]
-    out["growth_vs_one_agent"] = {
-        lv: {"throughput": C.ratio(row["throughput_tx_per_s"], one["throughput_tx_per_s"]),
-             "p50": C.ratio(row["latency"]["p50"], one["latency"]["p50"]),
-             "p99": C.ratio(row["latency"]["p99"], one["latency"]["p99"])}
-        for lv, row in out["levels"].items() if lv != levels[0]}
+            for way in ("direct", "daemon"):
+                root = os.path.join(d.path, f"ws-{n}-{way}")
+                os.makedirs(root)
+                sh([console, "--root", root, "init"], env=env)
+                if way == "daemon":
+                    sh([console, "--root", root, "daemon", "start"], env=env)
+                os.sync()
+                try:
+                    row = _agents_run(n, mode, python, env, root)
+                finally:
+                    if way == "daemon":
+                        sh([console, "--root", root, "daemon", "stop"], env=env)
+                (out["levels"] if way == "direct" else out["daemon"])[str(n)] = row
+                C.log(f"(d) {n} agents, {way}: {row['throughput_tx_per_s']} tx/s, "
+                      f"p99 {row['latency']['p99']} ms")
+                delete_later(root)
+    for key, table in (("growth_vs_one_agent", out["levels"]),
+                       ("daemon_growth_vs_one_agent", out["daemon"])):
+        levels = list(table)
+        one = table[levels[0]]
+        out[key] = {
+            lv: {"throughput": C.ratio(row["throughput_tx_per_s"], one["throughput_tx_per_s"]),
+                 "p50": C.ratio(row["latency"]["p50"], one["latency"]["p50"]),
+                 "p99": C.ratio(row["latency"]["p99"], one["latency"]["p99"])}
+            for lv, row in table.items() if lv != levels[0]}
     return out
+
+
+def _agents_run(n: int, mode: dict, python: str, env: dict, root: str) -> dict:
+    # At least ``agent_total`` transactions per level, so that one agent's figures are not
+    # those of a handful of transactions.
+    rounds = max(mode["agent_rounds"], -(-mode.get("agent_total", 0) // n))
+    start = time.time() + 1.0 + 0.12 * n  # every agent imported before the start
+    procs = [subprocess.Popen([python, "-c", AGENT, root, str(me), str(rounds),
+                               str(start)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for me in range(n)]
+    res = []
+    for p in procs:
+        o, e = p.communicate()
+        if p.returncode != 0:
+            raise SystemExit(f"agent failed: {e.decode()[-2000:]}")
+        res.append(json.loads(o))
+    lat = [x for r in res for x in r["lat"]]
+    late = max(0.0, min(r["first"] for r in res) - start)
+    span = max(r["last"] for r in res) - min(r["first"] for r in res)
+    return {"transactions": len(lat), "throughput_tx_per_s": round(len(lat) / span, 1),
+            "latency": C.latency_ms(lat), "first_agent_late_s": round(late, 3)}
 
 
 # --- (e) the staged view on huge trees ----------------------------------------------------------

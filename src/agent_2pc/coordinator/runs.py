@@ -492,16 +492,20 @@ class Runs:
         with self.gate.active(tid) as tx:
             records: list[StageRecord] = []
             puts: dict[str, str] = {}  # path -> op, staged by this capture so far
+            # What was learnt of the tree, asked once per directory rather than per file:
+            # the parents that resolve to themselves, what the tree has at each parent.
+            real_parents: set[str] = set()
+            memo: dict[str, int] = {}
             try:
                 for c in changes:
                     try:
-                        rel, below_link = self._literal(tx, c.path, puts)
+                        rel, below_link = self._literal(tx, c.path, puts, real_parents)
                     except Agent2PCError as exc:  # forbidden, or through a link
                         skipped.append({"path": c.path, "kind": c.op, "reason": str(exc)})
                         continue
                     pre = self._pre_literal(tx, rel, below_link)
                     if c.op != "delete":
-                        self.staging.check_placeable(tx, rel, puts, kind=c.op)
+                        self.staging.check_placeable(tx, rel, puts, kind=c.op, memo=memo)
                     if c.op == "delete":
                         rec = self.staging.stage_record(tid, rel, "delete", via, None, 0, None, pre)
                     elif c.op == "symlink":
@@ -543,7 +547,8 @@ class Runs:
         finally:
             os.close(fd)
 
-    def _literal(self, tx: Tx, path: str, puts: dict[str, str]) -> tuple[str, bool]:
+    def _literal(self, tx: Tx, path: str, puts: dict[str, str],
+                 real_parents: set[str]) -> tuple[str, bool]:
         """``path`` as a command wrote it (relative to the root), checked: inside the root,
         outside .git/ and .agent-tx/, its last component not followed. Its directory must
         resolve to itself, unless the first link on the way is replaced by this step or the
@@ -554,10 +559,11 @@ class Runs:
         if not name or any(p in ("", ".", "..", FORBIDDEN_ANY) for p in parts) or \
                 parts[0] == FORBIDDEN_TOP:
             raise PathForbidden(f"{path!r} may not be staged", path=path)
-        if not parent:
+        if not parent or parent in real_parents:
             return path, False
         try:
             if resolve(self.root, parent) == parent:
+                real_parents.add(parent)
                 return path, False
         except (PathForbidden, PathOutsideRoot):
             pass  # a link on the way leads outside the root or into .git/

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .journal import Journal
 
 NAME_CHARS_MAX = 200
+_MISSING, _FILE, _OTHER = 0, 1, 2  # what the tree has at a path (Staging._tree_is)
 DIFF_BYTES_MAX = 8 << 20  # larger files are summarized by size, not read for a text diff
 MODE_MAX = 0o777  # permission bits only: setuid, setgid and sticky are never staged
 MODE_SPECIAL = 0o7000
@@ -138,7 +139,8 @@ class Staging:
             raise NotAFile(f"{rel} is a directory in this transaction", path=rel)
         return None if op.op == "delete" else self._blob(op)
 
-    def _view_blocks(self, tx: Tx, rel: str, puts: dict[str, str] | None) -> bool:
+    def _view_blocks(self, tx: Tx, rel: str, puts: dict[str, str] | None,
+                     memo: dict[str, int] | None) -> bool:
         """Does the staged view (and ``puts``: the ops of the step being built, path -> op)
         hold a file or a link at ``rel``, so that nothing can go below it?"""
         kind = puts.get(rel) if puts else None
@@ -147,35 +149,57 @@ class Staging:
             kind = op.op if op is not None else None
         if kind is not None:
             return kind in ("write", "symlink")
-        return os.path.isfile(os.path.join(self.root, rel))
+        return self._tree_is(rel, memo) == _FILE
+
+    def _tree_is(self, rel: str, memo: dict[str, int] | None) -> int:
+        """What the tree has at ``rel``, links followed: _MISSING, _FILE or _OTHER; asked of
+        the file system once per path in one step of many files (``memo``)."""
+        known = memo.get(rel) if memo is not None else None
+        if known is not None:
+            return known
+        try:
+            st = os.stat(os.path.join(self.root, rel))
+            kind = _FILE if stat.S_ISREG(st.st_mode) else _OTHER
+        except (FileNotFoundError, NotADirectoryError):
+            kind = _MISSING
+        except OSError:
+            kind = _OTHER
+        if memo is not None:
+            memo[rel] = kind
+        return kind
 
     def check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
-                        kind: str = "write") -> None:
+                        kind: str = "write", memo: dict[str, int] | None = None) -> None:
         """A file (or link, or with ``kind`` mkdir a directory) may go at ``rel`` in the
         staged view: no parent is a file or link; a file or link replaces a directory of the
         tree only when the view has emptied it (every file below deleted: a commit's deletes
-        then remove it before the file goes in)."""
+        then remove it before the file goes in). ``memo``: what the tree has at the parents,
+        kept by a caller placing many files (a capture)."""
         parts = rel.split("/")
+        parent_missing = False
         for i in range(1, len(parts)):
             prefix = "/".join(parts[:i])
-            if self._view_blocks(tx, prefix, puts):
+            if self._view_blocks(tx, prefix, puts, memo):
                 raise NotAFile(f"{prefix} is a file, so {rel} cannot be created", path=rel)
+            if memo is not None and not parent_missing:  # then rel is no directory of it
+                parent_missing = self._tree_is(prefix, memo) == _MISSING
         if kind == "mkdir":
             return
         staged = tx.staged(rel)
         if staged is not None and staged.op == "mkdir":
             raise NotAFile(f"{rel} is a directory in this transaction", path=rel)
         full = os.path.join(self.root, rel)
-        if os.path.isdir(full) and not os.path.islink(full):
+        if not parent_missing and os.path.isdir(full) and not os.path.islink(full):
             left = self._left_in(tx, rel, puts)
             if left is not None:
                 raise NotAFile(f"{rel} is a directory (holding {left}, which this transaction "
                                "does not delete)", path=rel)
-        below = rel + "/"
-        for op in tx.ops:
-            if op.op != "delete" and op.path.startswith(below) and tx.staged(op.path) is op:
-                raise NotAFile(f"{rel} is a directory in this transaction ({op.path} is staged)",
-                               path=rel)
+        if tx.holds_below(rel):
+            below = rel + "/"
+            first = next(p for p, op in sorted(tx._index().items())
+                         if op.op != "delete" and p.startswith(below))
+            raise NotAFile(f"{rel} is a directory in this transaction ({first} is staged)",
+                           path=rel)
 
     def _view_has_dir(self, tx: Tx, rel_dir: str) -> bool:
         """Is ``rel_dir`` a directory of the staged view: the root, a directory the
@@ -185,9 +209,7 @@ class Staging:
         op = tx.staged(rel_dir)
         if op is not None and op.op != "delete":
             return op.op == "mkdir"
-        below = rel_dir + "/"
-        if any(o.op != "delete" and o.path.startswith(below) and tx.staged(o.path) is o
-               for o in tx.ops):
+        if tx.holds_below(rel_dir):
             return True
         return self._tree_kind(rel_dir) == "dir"
 

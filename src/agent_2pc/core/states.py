@@ -135,7 +135,8 @@ class Tx:
                  "effects", "results", "checks", "savepoints", "outcome", "code", "reason",
                  "decision_fields", "prepared", "files",
                  "diverged", "uncompensated", "ended_ms", "frames", "origin",
-                 "undoes", "coordinator", "voted_ms", "voted")
+                 "undoes", "coordinator", "voted_ms", "voted", "_latest", "_below",
+                 "_indexed")
 
     def __init__(self, tid: str, state: str, label: str | None, created_ms: int,
                  timeout_ms: int | None, boot: str | None) -> None:
@@ -169,6 +170,13 @@ class Tx:
         self.coordinator: dict[str, Any] | None = None
         self.voted_ms: int | None = None
         self.voted: dict[str, Any] = {}
+        # An index of ``ops``, brought up to date on use (ops are only ever appended, or cut
+        # by a rollback, which drops the index): the latest op per path, and per directory
+        # how many paths below it hold a live (not deleted) op. Without it a lookup is a scan
+        # of every op, and a step staging n files costs n^2.
+        self._latest: dict[str, Op] = {}
+        self._below: dict[str, int] = {}
+        self._indexed = 0
 
     @property
     def deadline_ms(self) -> int | None:
@@ -180,10 +188,30 @@ class Tx:
 
     def staged(self, path: str) -> Op | None:
         """The latest op on ``path`` still in effect, if any."""
-        for op in reversed(self.ops):
-            if op.path == path:
-                return op
-        return None
+        return self._index().get(path)
+
+    def holds_below(self, rel_dir: str) -> bool:
+        """Does a path below the directory ``rel_dir`` hold a live op (not a delete)?"""
+        self._index()
+        return self._below.get(rel_dir, 0) > 0
+
+    def _index(self) -> dict[str, Op]:
+        ops = self.ops
+        if self._indexed > len(ops):  # cut behind our back: start again
+            self.drop_index()
+        latest, below = self._latest, self._below
+        for op in ops[self._indexed:]:
+            old = latest.get(op.path)
+            if old is not None and old.op != "delete":
+                _count_dirs(below, op.path, -1)
+            latest[op.path] = op
+            if op.op != "delete":
+                _count_dirs(below, op.path, 1)
+        self._indexed = len(ops)
+        return latest
+
+    def drop_index(self) -> None:
+        self._latest, self._below, self._indexed = {}, {}, 0
 
     def changes(self) -> list[Op]:
         """The net change per path, sorted by path; the first op's pre-image is the base."""
@@ -200,6 +228,15 @@ class Tx:
             "created_at": iso_ms(self.created_ms),
             "ops": len(self.ops) + len(self.effects),
         }
+
+
+def _count_dirs(below: dict[str, int], path: str, by: int) -> None:
+    """Add ``by`` to the count of every directory above ``path``."""
+    end = path.rfind("/")
+    while end > 0:
+        d = path[:end]
+        below[d] = below.get(d, 0) + by
+        end = path.rfind("/", 0, end)
 
 
 def apply_record(txs: dict[str, Tx], rec: dict[str, Any], frame: bytes | memoryview = b"") -> Tx:
@@ -282,6 +319,7 @@ def _fold_fields(tx: Tx, t: str, rec: dict[str, Any]) -> None:
                                     tx.state)
         _, n_ops, n_reads, n_effects = tx.savepoints[idx]
         del tx.ops[n_ops:]
+        tx.drop_index()
         del tx.reads[n_reads:]
         del tx.effects[n_effects:]
         del tx.savepoints[idx + 1:]

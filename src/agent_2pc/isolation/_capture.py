@@ -200,8 +200,10 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
         else:
             b.delete(rel)
 
-    def walk(rel_dir: str) -> int:
-        """Capture the upper directory ``rel_dir``; return how many entries it holds."""
+    def walk(rel_dir: str, new: bool) -> int:
+        """Capture the upper directory ``rel_dir``; return how many entries it holds. ``new``:
+        the view had no directory there before the commands ran, so nothing below it either
+        (a package install's thousands of files: no lookup of what was there)."""
         top = os.path.join(upper, rel_dir) if rel_dir else upper
         with os.scandir(top) as it:
             entries = sorted(it, key=lambda e: e.name)
@@ -226,7 +228,7 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
             if _is_whiteout(st):
                 whiteout(rel)
                 continue
-            seen = layer.before(rel)
+            seen = None if new else layer.before(rel)
             if stat.S_ISDIR(st.st_mode):
                 was_dir = seen is not None and seen.kind == "dir"
                 if seen is not None and not was_dir:
@@ -234,7 +236,7 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
                 if was_dir and _is_opaque(e.path, fuse):
                     opaque_dirs.append(rel)
                 present.add(rel)
-                inner = walk(rel)
+                inner = walk(rel, not was_dir)
                 if not was_dir and inner == 0:
                     b.add(Change(rel, "mkdir", mode=stat.S_IMODE(st.st_mode)))
                 continue
@@ -261,7 +263,8 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
                 b.skip(rel, other_kind(st.st_mode))
         return held
 
-    walk("")
+    layer.forget_tree()
+    walk("", False)
     for rel in opaque_dirs:
         for f in layer.lower_files(rel, ignore):
             if f not in present:

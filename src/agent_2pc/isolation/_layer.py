@@ -107,6 +107,13 @@ class Layer:
         self.pruned = self._pruned_dirs()
         # Everything that is gone from the view: deleted files and the directories they empty.
         self.gone: set[str] = (self.deletes - self.write_dirs) | self.pruned
+        # Directories of the tree found to be themselves (no link on the way): asked once per
+        # directory, not once per file, during one capture (``forget_tree`` at its start).
+        self._real_dirs: dict[str, bool] = {}
+
+    def forget_tree(self) -> None:
+        """Drop what was learnt of the tree (it may have changed since the last capture)."""
+        self._real_dirs.clear()
 
     def _tree_file_mode(self, rel: str) -> int:
         try:
@@ -192,7 +199,10 @@ class Layer:
         """The tree's entry at ``rel``, never through a symlinked parent directory."""
         full = os.path.join(self.root, rel)
         parent = os.path.dirname(full)
-        if os.path.realpath(parent) != parent:
+        real = self._real_dirs.get(parent)
+        if real is None:
+            real = self._real_dirs[parent] = os.path.realpath(parent) == parent
+        if not real:
             return None  # a parent is a symlink or missing: the view has nothing there
         try:
             st = os.lstat(full)

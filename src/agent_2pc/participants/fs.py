@@ -86,24 +86,40 @@ class Dirs:
     """Directory descriptors opened from the root, one component at a time, never following a
     symlink. Created directories are remembered so their parents get fsynced."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, remember_missing: bool = False) -> None:
         self.fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS)}
         self.grew: set[str] = set()  # directories that got a new subdirectory
+        # ``remember_missing`` (a vote, which only looks): directories found missing, and so
+        # everything below them. A vote on 20,000 new files in 200 new directories then asks
+        # the file system 200 times, not 60,000 (a directory someone else makes meanwhile is
+        # a race the apply meets, as one made just after the vote).
+        self.missing: set[str] | None = set() if remember_missing else None
 
     def open(self, rel_dir: str, create: bool = False) -> int:
         fd = self.fds.get(rel_dir)
         if fd is not None:
             return fd
+        missing = self.missing
+        if missing is not None and rel_dir in missing:
+            raise FileNotFoundError(errno.ENOENT, "missing (seen before)", rel_dir)
         parent, _, name = rel_dir.rpartition("/")
         why = name_problem(name, top=not parent)
         if why is not None:
             raise Unconfined(f"{rel_dir}: {why}")
-        pfd = self.open(parent, create)
+        try:
+            pfd = self.open(parent, create)
+        except FileNotFoundError:
+            if missing is not None:
+                missing.add(rel_dir)
+            raise
         try:
             fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
         except FileNotFoundError:
             if not create:
+                if missing is not None:
+                    missing.add(rel_dir)
                 raise
+            assert missing is None, "a Dirs that remembers what is missing only looks"
             try:
                 os.mkdir(name, 0o755, dir_fd=pfd)
             except FileExistsError:
@@ -359,7 +375,7 @@ class FileParticipant:
         cannot keep what was placed and lose the records that say whose it is."""
         changes = tx.changes()
         self._placed[tx.tid] = {}  # nothing placed yet (an abort has nothing to look for)
-        dirs = Dirs(self.root)
+        dirs = Dirs(self.root, remember_missing=True)
         try:
             seen: dict[str, str | None] = {}
             modes: dict[str, int | None] = {}

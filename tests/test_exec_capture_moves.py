@@ -92,3 +92,75 @@ def test_a_captured_file_of_new_content_is_moved_and_settles_to_one_name(tmp_pat
     assert os.stat(blob).st_ino == ino and os.stat(blob).st_nlink == 1
     assert os.stat(blob).st_mode & 0o777 == 0o444
     assert os.listdir(store.tmp_dir) == []
+
+
+# --- the same content at many paths: spare copies, renamed into the tree at commit ----------
+
+SAME = b"the same bytes\n"
+MANY = 80  # past durable.SYNCFS_MIN (64): a batched apply
+
+
+def _write_many(n: int) -> str:
+    return (f"mkdir -p same && for i in $(seq 1 {n}); do printf 'the same bytes\\n' > "
+            "same/f$i.txt; done")
+
+
+def _tmp(root) -> list[str]:
+    return sorted(os.listdir(root / ".agent-tx" / "objects" / "tmp"))
+
+
+def test_the_same_content_at_many_paths_is_renamed_into_the_tree_from_spares_not_copied(
+        tmp_path):
+    """A package install writes many identical files (licences, empty modules). The capture
+    keeps each duplicate as a spare copy of the stored blob instead of leaving it in the view,
+    and the commit renames the spares into the tree: no copy of the blob is written at all."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    a2pc(root, "init")
+    tid = a2pc(root, "begin")["tid"]
+    a2pc(root, "exec", "--tid", tid, "--", "sh", "-c", _write_many(MANY))
+    spares = [n for n in _tmp(root) if n.startswith(f"spare-{tid}-")]
+    assert len(spares) == MANY - 1, _tmp(root)  # the first one became the blob
+    inodes = {os.stat(root / ".agent-tx" / "objects" / "tmp" / n).st_ino for n in spares}
+    assert a2pc(root, "commit", "--tid", tid)["state"] == "committed"
+    files = [root / "same" / f"f{i}.txt" for i in range(1, MANY + 1)]
+    assert all(f.read_bytes() == SAME for f in files)
+    in_tree = {f.stat().st_ino for f in files}
+    assert len(in_tree) == MANY  # a file of its own at every path
+    assert inodes <= in_tree  # the spares themselves, renamed: none was copied
+    assert _tmp(root) == []
+
+
+def test_a_spare_whose_bytes_changed_since_the_capture_is_not_used(tmp_path):
+    root = tmp_path / "repo"
+    root.mkdir()
+    a2pc(root, "init")
+    tid = a2pc(root, "begin")["tid"]
+    a2pc(root, "exec", "--tid", tid, "--", "sh", "-c", _write_many(MANY))
+    tmp = root / ".agent-tx" / "objects" / "tmp"
+    damaged = [tmp / n for n in _tmp(root)[:3]]
+    for spare in damaged:  # what a process of the command still writing to it could do
+        spare.chmod(0o644)
+        spare.write_bytes(b"other bytes!!!\n")
+    assert a2pc(root, "commit", "--tid", tid)["state"] == "committed"
+    assert all((root / "same" / f"f{i}.txt").read_bytes() == SAME for i in range(1, MANY + 1))
+    assert _tmp(root) == []
+
+
+@pytest.mark.parametrize("end", ["abort", "small commit"])
+def test_spares_are_gone_after_an_abort_and_recover_or_a_commit_too_small_to_batch(
+        tmp_path, end):
+    root = tmp_path / "repo"
+    root.mkdir()
+    a2pc(root, "init")
+    tid = a2pc(root, "begin")["tid"]
+    n = 5 if end == "small commit" else MANY
+    a2pc(root, "exec", "--tid", tid, "--", "sh", "-c", _write_many(n))
+    assert len(_tmp(root)) == n - 1
+    if end == "abort":
+        a2pc(root, "abort", "--tid", tid)
+        a2pc(root, "recover")  # sweeps what finished transactions left
+    else:  # an fsync per copy: the copies are made, the spares removed
+        assert a2pc(root, "commit", "--tid", tid)["state"] == "committed"
+        assert all((root / "same" / f"f{i}.txt").read_bytes() == SAME for i in range(1, n + 1))
+    assert _tmp(root) == []

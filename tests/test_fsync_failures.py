@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 import pytest
+from fsync_scenarios import steps
 
 from agent_2pc.faults import SITES
 
@@ -127,10 +128,14 @@ def test_a_failing_write_fsync_or_rename_is_a_clear_error_and_recovery_is_all_or
     assert out["log_after_probe"]["damage"] is None
 
 
+# The scenario's step that commits t0 (the tests below fail it at one site or another).
+COMMIT_T0 = str(next(i for i, (label, _, _) in enumerate(steps("")) if label == "commit t0"))
+
+
 def test_a_blob_whose_fsync_failed_is_never_trusted_again(tmp_path):
     """Its bytes may be gone from the disk while the page cache still shows them: it is
     discarded, and staging the same content again writes it anew."""
-    out = run(tmp_path, "fault", "8", "blobs.make_durable:fsync=EIO")
+    out = run(tmp_path, "fault", COMMIT_T0, "blobs.make_durable:fsync=EIO")
     assert json.loads(out["steps"][-1]["stdout"])["error"]["code"] == "prepare_failed"
     big = hashlib.sha256(bytes(range(256)) * 400).hexdigest()
     assert big not in out["blobs_after_fault"]
@@ -139,7 +144,7 @@ def test_a_blob_whose_fsync_failed_is_never_trusted_again(tmp_path):
 def test_a_small_files_blob_whose_fsync_failed_is_written_again_from_the_decision(tmp_path):
     # The apply's 2nd fsync before a rename: dup2.txt's blob ("same"), moved into the tree
     # (big.bin's mode change was the 1st; dup1.txt got a synced copy).
-    out = run(tmp_path, "fault", "8", "fs._put:fsync:2=EIO")
+    out = run(tmp_path, "fault", COMMIT_T0, "fs._put:fsync:2=EIO")
     assert json.loads(out["steps"][-1]["stdout"])["error"]["code"] == "apply_incomplete"
     assert hashlib.sha256(b"same\n").hexdigest() not in out["blobs_after_fault"]
     assert out["states"][out["tids"]["t0"]] == "committed"
@@ -150,7 +155,7 @@ def test_a_log_whose_fsync_failed_is_written_anew_before_anyone_believes_it(tmp_
     """The commit decision's fsync fails: the commit answers io_error (never committed), the
     log is marked, and the next command writes it into a fresh, synced file before recovery
     reads a decision from it."""
-    out = run(tmp_path, "fault", "8", "log.append:fsync=EIO")
+    out = run(tmp_path, "fault", COMMIT_T0, "log.append:fsync=EIO")
     answer = json.loads(out["steps"][-1]["stdout"])
     assert answer["error"]["code"] == "io_error" and answer["error"]["errno"] == "EIO"
     assert out["log_after_fault"]["unsynced_mark"]

@@ -88,7 +88,7 @@ LONG_FUNCTIONS = {
     "fence/_once.py:once": 100,
     "fence/_once.py:once.deco": 86,
     "fence/_storm.py:_storm_processes": 71,
-    "isolation/_capture.py:capture_upper": 89,
+    "isolation/_capture.py:capture_upper": 86,
     "isolation/_reaper.py:main": 91,
     "isolation/_view.py:StagedView.run": 90,
     "isolation/_view.py:StagedView._spawn_on": 109,

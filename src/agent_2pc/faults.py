@@ -55,7 +55,7 @@ SITES: dict[str, str] = {
     "blobs._copy_following:write": "staging copies a large file into a blob "
                                    "(copy_file_range)",
     "blobs.put_moved:rename": "exec's capture moves a file of the staged view into the "
-                              "blob store",
+                              "blob store (or keeps it as a spare copy)",
     "blobs.copy_to:write": "a blob copied (a copy to rename over a target; content placed "
                            "on another file system)",
     "blobs.make_durable:fsync": "prepare syncs a blob too big for the decision",
@@ -76,6 +76,9 @@ SITES: dict[str, str] = {
                           "files' blobs, modes, new directories) once, before its renames",
     "fs._renames:rename": "the apply of a big transaction renames a file into the tree, "
                           "after that syncfs",
+    "fs._take_spare:rename": "the apply of a big transaction takes a spare copy that exec's "
+                             "capture kept (the same content at many paths) as the copy to "
+                             "rename over a target",
     "fs._ensure_mode:fsync": "a mode set on a file already in place (a redo), synced",
     "fs._sync_made_dirs:fsync": "the apply syncs the directories it made before a big file's "
                                 "blob leaves objects/",

@@ -117,8 +117,9 @@ class Compaction:
             if not self.journal.live(name) and self.journal.tx_lock(name).is_free():
                 discard(layout.tx_dir(name), layout.trash)
         for name in os.listdir(layout.objects_tmp):
-            if name.startswith("claim-"):
-                tid = name[len("claim-"):].rsplit("-", 1)[0]  # claim-<tid>-<k>[.part]
+            if name.startswith(("claim-", "spare-")):
+                # claim-<tid>-<k>[.part], spare-<tid>-<digest>-<n>
+                tid = name[len("claim-"):].rsplit("-", 2 if name[0] == "s" else 1)[0]
                 # Not live in our picture of the log, which may predate the transaction
                 # (it began after our refresh): its lock, held from commit to end, says.
                 dead = not self.journal.live(tid) and self.journal.tx_lock(tid).is_free()

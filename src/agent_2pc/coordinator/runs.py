@@ -518,7 +518,7 @@ class Runs:
                                                         c.mode, pre)
                     else:
                         assert c.op == "write" and c.source is not None, c
-                        blob = self._put_captured(c.source, move)
+                        blob = self._put_captured(c.source, move, tid)
                         pending.append(blob)
                         if not below_link:
                             self.staging.keep_base(tx, rel, pre, pending)
@@ -538,9 +538,9 @@ class Runs:
                 self.staging.append_staged(records, pending)
         return staged, skipped
 
-    def _put_captured(self, source: str, move: bool) -> Pending:
+    def _put_captured(self, source: str, move: bool, tid: str) -> Pending:
         if move:
-            return self.blobs.put_moved(source)
+            return self.blobs.put_moved(source, spare=f"spare-{tid}-")
         fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
         try:
             return self.blobs.put_fd(fd)

@@ -265,6 +265,14 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
 
     layer.forget_tree()
     walk("", False)
+    _hidden_by_opaque_dirs(b, layer, ignore, opaque_dirs, present)
+    return b.finish()
+
+
+def _hidden_by_opaque_dirs(b: _Builder, layer: Layer, ignore: Ignore, opaque_dirs: list[str],
+                           present: set[str]) -> None:
+    """Deletes of what the view showed below each directory the commands removed and made
+    again (an opaque one), but what the upper directory holds again."""
     for rel in opaque_dirs:
         for f in layer.lower_files(rel, ignore):
             if f not in present:
@@ -272,5 +280,4 @@ def capture_upper(upper: str, layer: Layer, ignore: Ignore, *, fuse: bool,
         for d in layer.lower_empty_dirs(rel, ignore):
             if d != rel and d not in present:
                 b.delete(d)
-    return b.finish()
 

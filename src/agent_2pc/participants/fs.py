@@ -252,6 +252,29 @@ def _make_claim(claim: str, fill: Callable[[int], Any], mode: int, sync: bool = 
     return claim
 
 
+def _spares(tid: str, tmp_dir: str) -> dict[str, list[str]]:
+    """The spare copies of ``tid`` in ``tmp_dir`` (``spare-<tid>-<digest>-<n>``), by digest."""
+    prefix = f"spare-{tid}-"
+    out: dict[str, list[str]] = {}
+    for name in os.listdir(tmp_dir):
+        if name.startswith(prefix):
+            digest = name[len(prefix):].rpartition("-")[0]
+            out.setdefault(digest, []).append(os.path.join(tmp_dir, name))
+    return out
+
+
+def _take_spare(spares: dict[str, list[str]], digest: str, claim: str) -> bool:
+    """Make a spare copy of ``digest`` the copy ``claim``, if there is one whose bytes are
+    still the blob's (checked: nothing but its hash at capture vouched for them)."""
+    found = spares.get(digest)
+    while found:
+        spare = found.pop()
+        if _intact(spare, digest):
+            rename(spare, claim)
+            return True
+    return False
+
+
 def _intact(claim: str, digest: str) -> bool:
     """Does the copy ``claim`` hold the blob ``digest``? A batched apply writes its copies
     unsynced and syncs them before any rename: a machine crash before that syncfs can leave
@@ -287,10 +310,10 @@ class _ApplyRun:
     the run has done so far."""
 
     __slots__ = ("tid", "seen", "keep", "dirs", "out", "modes", "placed", "inline", "touched",
-                 "later_uses", "batch", "deferred")
+                 "later_uses", "batch", "deferred", "spares")
 
     def __init__(self, tx: Tx, seen: dict[str, str | None] | None, keep: set[str], dirs: Dirs,
-                 out: Applied) -> None:
+                 out: Applied, blobs_tmp: str) -> None:
         fields = tx.decision_fields
         self.tid = tx.tid
         self.seen = seen  # what this process's prepare saw; None in a redo
@@ -309,6 +332,14 @@ class _ApplyRun:
         # synced once, then renamed into the tree (``deferred``), then synced once again.
         self.batch = batching(len(tx.changes()))
         self.deferred: list[_Deferred] = []
+        # digest -> spare copies that exec's capture kept of content already stored (the
+        # same file at many paths: storage/blobs.py, put_moved). A batched first run renames
+        # one into the tree where it would copy the blob: the syncfs before the renames syncs
+        # it with the copies. Unused ones are removed at the end of the first run (a small
+        # transaction syncs its copies one by one: it makes them, as a redo does).
+        self.spares: dict[str, list[str]] = {}
+        if seen is not None:
+            self.spares = _spares(tx.tid, blobs_tmp)
 
 
 class _Deferred:
@@ -590,7 +621,7 @@ class FileParticipant:
         path order (a directory before what goes in it); then every touched directory is
         synced."""
         changes = tx.changes()
-        run = _ApplyRun(tx, seen, keep, dirs, out)
+        run = _ApplyRun(tx, seen, keep, dirs, out, self.blobs.tmp_dir)
         deletes = [(k, op) for k, op in enumerate(changes) if op.op == "delete"]
         for k, op in reversed(deletes):
             now = seen[op.path] if seen is not None else self._fingerprint(dirs, op)
@@ -611,6 +642,12 @@ class FileParticipant:
         finally:
             if objects_fd >= 0:
                 os.close(objects_fd)
+        for spares in run.spares.values():  # more than the copies needed: not kept
+            for spare in spares:
+                try:
+                    os.unlink(spare)
+                except FileNotFoundError:
+                    pass
         if seen is None:
             self._touch_all(dirs, changes, run.touched)
         if run.batch:
@@ -746,10 +783,12 @@ class FileParticipant:
             copy = blob in run.keep or run.later_uses[blob] > 0
             if k in run.inline:
                 src, unsynced = self._inline_source(tid, k, blob, run.inline[k], copy,
-                                                    run.seen is None, mode, run.batch)
+                                                    run.seen is None, mode, run.batch,
+                                                    run.spares if run.batch else None)
             else:
                 src, unsynced = self._source(tid, k, blob, copy, mode, run.batch,
-                                             run.seen is None), False
+                                             run.seen is None,
+                                             run.spares if run.batch else None), False
                 if src == self.blobs.path(blob) and not run.batch:
                     self._sync_made_dirs(run.dirs, parent)
             fd = os.open(src, os.O_RDONLY | os.O_CLOEXEC)
@@ -786,20 +825,24 @@ class FileParticipant:
             run.touched.add(op.path)  # fsync the new directory's own inode too
 
     def _source(self, tid: str, k: int, digest: str, copy: bool, mode: int,
-                batch: bool = False, redo: bool = False) -> str:
+                batch: bool = False, redo: bool = False,
+                spares: dict[str, list[str]] | None = None) -> str:
         """The file to rename over the k-th target: the blob itself, or a synced copy of it
         when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash; unsynced
-        in a ``batch``)."""
+        in a ``batch``; a spare copy of exec's capture where there is one)."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
         if os.path.exists(claim) and not (redo and not _intact(claim, digest)):
             return claim  # made by an earlier, interrupted run of this apply
         if not copy:
             return self.blobs.path(digest)
+        if spares and _take_spare(spares, digest, claim):
+            return claim
         return _make_claim(claim, lambda fd: self.blobs.copy_to(digest, fd), mode,
                            sync=not batch)
 
     def _inline_source(self, tid: str, k: int, digest: str, data_b64: str, copy: bool,
-                       check: bool, mode: int, batch: bool = False) -> tuple[str, bool]:
+                       check: bool, mode: int, batch: bool = False,
+                       spares: dict[str, list[str]] | None = None) -> tuple[str, bool]:
         """As ``_source``, for a small file whose content the decision carries: (the file to
         rename over the k-th target, whether it still needs an fsync). The blob, unless it
         must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
@@ -821,6 +864,8 @@ class FileParticipant:
                         return path, True
                 finally:
                     os.close(fd)
+        if copy and spares and _take_spare(spares, digest, claim):
+            return claim, False  # synced with the copies (``spares`` only in a batch)
         data = binascii.a2b_base64(data_b64)
         if sha256_bytes(data) != digest:
             raise BlobCorrupt(digest, "not what the decision carries for it")

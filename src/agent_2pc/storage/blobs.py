@@ -299,13 +299,18 @@ class BlobStore:
             os.link(tmp, self.path(digest))
         return Pending(self, digest, size, tmp=tmp)
 
-    def put_moved(self, path: str) -> Pending:
+    def put_moved(self, path: str, spare: str | None = None) -> Pending:
         """Stage the regular file at ``path`` by moving it into the store rather than copying
         it: for a file that its owner drops right after (a staged view's upper layer, which is
         closed once its changes are staged). No new file, no copy of its bytes: one read to
         hash it, one rename. A file that is not ours alone to take (another link to it, another
         owner or file system, extended attributes such as overlayfs's own) is copied, as
-        ``put_fd`` does."""
+        ``put_fd`` does.
+
+        Content already stored stays where it is, unless ``spare`` (``spare-<tid>-``) is given:
+        then the file is kept as ``objects/tmp/<spare><digest>-<n>``, a spare copy that the
+        apply can rename into the tree where it would otherwise have to make a copy of the
+        blob (the same content at many paths: participants/fs.py, ``spares``)."""
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
@@ -313,7 +318,12 @@ class BlobStore:
                 return self.put_fd(fd)
             digest, size = sha256_fd(fd, st.st_size)
             if self.has(digest, size):  # content staged before: nothing to move (an unlink
-                return Pending(self, digest, size, source=path)  # here would free blocks)
+                if spare is None:       # here would free blocks), or kept as a spare copy
+                    return Pending(self, digest, size, source=path)
+                kept = os.path.join(self.tmp_dir, f"{spare}{digest}-{next(_counter)}")
+                os.fchmod(fd, 0o444)  # read-only in the store, as a blob (the apply sets
+                rename(path, kept)    # the target's mode)
+                return Pending(self, digest, size, source=kept)
             os.fchmod(fd, 0o444)
             if size >= FRESH_MIN:
                 mark_written_now(fd)  # written in this boot, by the command

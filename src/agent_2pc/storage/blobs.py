@@ -288,10 +288,10 @@ class BlobStore:
         os.close(fd)
         return self._link_in(tmp, digest, size)
 
-    def _link_in(self, tmp: str, digest: str, size: int) -> Pending:
-        """Name the temp file ``tmp`` as the blob ``digest`` unless that blob is there; the
-        temp name stays until ``settle``."""
-        if not self.has(digest, size):
+    def _link_in(self, tmp: str, digest: str, size: int, absent: bool = False) -> Pending:
+        """Name the temp file ``tmp`` as the blob ``digest`` unless that blob is there
+        (``absent``: the caller just found it missing); the temp name stays until ``settle``."""
+        if absent or not self.has(digest, size):
             try:
                 os.unlink(self.path(digest))  # a short one left by a crash
             except FileNotFoundError:
@@ -331,7 +331,7 @@ class BlobStore:
             os.close(fd)
         tmp = os.path.join(self.tmp_dir, _tmp_name())
         rename(path, tmp)
-        return self._link_in(tmp, digest, size)
+        return self._link_in(tmp, digest, size, absent=True)
 
     def _movable(self, fd: int, st: os.stat_result) -> bool:
         import stat

@@ -49,6 +49,8 @@ def steps(extra: str) -> list[tuple[str, list[str], dict[str, str]]]:
                         "--from-file", f"{extra}/big2.bin"], {}),
         ("stage huge", ["stage-write", "--tid", "{t0}", "--path", "huge.bin", "--from-file",
                         f"{extra}/huge.bin"], {}),
+        ("edit huge", ["stage-replace", "--tid", "{t0}", "--path", "huge.bin", "--old",
+                       "tail", "--new", "TAIL"], {}),
         ("stage mnt", ["stage-write", "--tid", "{t0}", "--path", "mnt/m.txt", "--content",
                        "on tmpfs, changed\n"], {}),
         ("commit t0", ["commit", "--tid", "{t0}"], {}),

@@ -326,3 +326,43 @@ def test_a_large_copy_that_fails_stages_nothing_and_leaves_no_temp_file_or_threa
     tx.stage_write_file("big.bin", src)  # and the next try goes through
     tx.commit()
     assert (tmp_path / "ws" / "big.bin").read_bytes() == src.read_bytes()
+
+
+def test_a_large_content_given_as_bytes_is_hashed_beside_its_writing_and_named_by_it(
+        tmp_path: Path) -> None:
+    import hashlib
+    import threading
+
+    client = Agent2PC.init(tmp_path)
+    data = os.urandom(blobs_mod.COPY_CHUNK + blobs_mod.COPY_MIN + 7)
+    threads = threading.active_count()
+    tx = client.begin()
+    assert tx.stage_write("big.bin", data)["bytes"] == len(data)
+    assert staged_blob(client, tx.tid, "big.bin").name == hashlib.sha256(data).hexdigest()
+    assert threading.active_count() == threads
+    tx.stage_write("again.bin", data)  # the same content: the blob is there, the temp goes
+    assert os.listdir(client.engine.blobs.tmp_dir) == []
+    tx.commit()
+    assert (tmp_path / "big.bin").read_bytes() == data == (tmp_path / "again.bin").read_bytes()
+
+
+def test_a_large_content_given_as_bytes_that_fails_to_write_stages_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    client = Agent2PC.init(tmp_path)
+    real = blobs_mod.write_all
+    calls: list[int] = []
+
+    def write_once_then_enospc(fd: int, chunk: object) -> None:
+        calls.append(1)
+        if len(calls) > 1:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, chunk)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(blobs_mod, "write_all", write_once_then_enospc)
+    tx = client.begin()
+    with pytest.raises(OSError):
+        tx.stage_write("big.bin", os.urandom(blobs_mod.COPY_CHUNK * 2))
+    assert tx.status()["ops"] == 0
+    assert os.listdir(client.engine.blobs.tmp_dir) == []

@@ -54,6 +54,8 @@ SITES: dict[str, str] = {
                            "capture)",
     "blobs._copy_following:write": "staging copies a large file into a blob "
                                    "(copy_file_range)",
+    "blobs._put_big_bytes:write": "staging writes a large content given as bytes (an edit "
+                                  "of a large file, the library's stage_write)",
     "blobs.put_moved:rename": "exec's capture moves a file of the staged view into the "
                               "blob store (or keeps it as a spare copy)",
     "blobs.copy_to:write": "a blob copied (a copy to rename over a target; content placed "

@@ -243,10 +243,45 @@ class BlobStore:
         rename(tmp, self.path(digest))
 
     def put_bytes(self, data: bytes) -> Pending:
+        if len(data) >= COPY_MIN:
+            return self._put_big_bytes(data)
         digest = sha256_bytes(data)
         if not self.has(digest, len(data)):
             self.write(data, digest)
         return Pending(self, digest, len(data), data=data)
+
+    def _put_big_bytes(self, data: bytes) -> Pending:
+        """``put_bytes`` of a large content: a second thread hashes it while this one writes
+        it, its writeback started chunk by chunk (as ``put_fd``); the temp file is named as
+        the blob once the hash is known (and dropped at settle if the blob was there)."""
+        import hashlib
+        import threading
+
+        view = memoryview(data)
+        h = hashlib.sha256()
+        hashing = threading.Thread(target=h.update, args=(view,), name="agent2pc-hash",
+                                   daemon=True)
+        hashing.start()
+        tmp = os.path.join(self.tmp_dir, _tmp_name())
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+            try:
+                for offset in range(0, len(view), COPY_CHUNK):
+                    chunk = view[offset:offset + COPY_CHUNK]
+                    write_all(fd, chunk)
+                    start_writeback(fd, offset, len(chunk))
+                mark_written_now(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            hashing.join()
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        hashing.join()
+        return self._link_in(tmp, str(h.hexdigest()), len(data))
 
     def put_fd(self, src: int) -> Pending:
         """Stream everything readable from ``src`` into a blob (pipes and files alike; the

@@ -117,10 +117,11 @@ class BlobCorrupt(Exception):
         self.digest = digest
 
 
-def _copy_following(src: int, dst: int, follower: Follower) -> tuple[int, bool]:
+def _copy_following(src: int, dst: int, follower: Follower, expected: int) -> tuple[int, bool]:
     """Copy ``src`` (from its position) to ``dst`` by copy_file_range, telling ``follower``
     and starting the writeback after each chunk: (bytes copied, whether that is all of it;
-    False when the kernel cannot copy between these two files: the caller streams the rest)."""
+    False when the kernel cannot copy between these two files, or stopped short of the
+    ``expected`` size, as some file systems' copy does: the caller streams the rest)."""
     size = 0
     while True:
         try:
@@ -130,7 +131,7 @@ def _copy_following(src: int, dst: int, follower: Follower) -> tuple[int, bool]:
                 return size, False
             raise
         if not n:
-            return size, True
+            return size, size >= expected
         start_writeback(dst, size, n)
         size += n
         follower.advance(size)
@@ -302,7 +303,8 @@ class BlobStore:
         follower = Follower(fd) if big else None
         try:
             if follower is not None:
-                size, all_copied = _copy_following(src, fd, follower)
+                expected = st.st_size - os.lseek(src, 0, os.SEEK_CUR)
+                size, all_copied = _copy_following(src, fd, follower, expected)
                 if not all_copied:
                     size = _stream(src, fd, None, follower, size)
                 digest, hashed = follower.finish()

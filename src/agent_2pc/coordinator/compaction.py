@@ -118,7 +118,7 @@ class Compaction:
                 discard(layout.tx_dir(name), layout.trash)
         for name in os.listdir(layout.objects_tmp):
             if name.startswith(("claim-", "spare-")):
-                # claim-<tid>-<k>[.part], spare-<tid>-<digest>-<n>
+                # claim-<tid>-<k>[.part], spare-<tid>-<digest>-<pid>.<n>
                 tid = name[len("claim-"):].rsplit("-", 2 if name[0] == "s" else 1)[0]
                 # Not live in our picture of the log, which may predate the transaction
                 # (it began after our refresh): its lock, held from commit to end, says.

@@ -196,7 +196,7 @@ class Staging:
                                "does not delete)", path=rel)
         if tx.holds_below(rel):
             below = rel + "/"
-            first = next(p for p, op in sorted(tx._index().items())
+            first = next(p for p, op in sorted(tx.latest_ops().items())
                          if op.op != "delete" and p.startswith(below))
             raise NotAFile(f"{rel} is a directory in this transaction ({first} is staged)",
                            path=rel)

@@ -188,14 +188,15 @@ class Tx:
 
     def staged(self, path: str) -> Op | None:
         """The latest op on ``path`` still in effect, if any."""
-        return self._index().get(path)
+        return self.latest_ops().get(path)
 
     def holds_below(self, rel_dir: str) -> bool:
         """Does a path below the directory ``rel_dir`` hold a live op (not a delete)?"""
-        self._index()
+        self.latest_ops()
         return self._below.get(rel_dir, 0) > 0
 
-    def _index(self) -> dict[str, Op]:
+    def latest_ops(self) -> dict[str, Op]:
+        """The latest op per path (the index itself: do not change it)."""
         ops = self.ops
         if self._indexed > len(ops):  # cut behind our back: start again
             self.drop_index()

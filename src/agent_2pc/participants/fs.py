@@ -253,7 +253,8 @@ def _make_claim(claim: str, fill: Callable[[int], Any], mode: int, sync: bool = 
 
 
 def _spares(tid: str, tmp_dir: str) -> dict[str, list[str]]:
-    """The spare copies of ``tid`` in ``tmp_dir`` (``spare-<tid>-<digest>-<n>``), by digest."""
+    """The spare copies of ``tid`` in ``tmp_dir`` (``spare-<tid>-<digest>-<pid>.<n>``), by
+    digest."""
     prefix = f"spare-{tid}-"
     out: dict[str, list[str]] = {}
     for name in os.listdir(tmp_dir):

@@ -311,7 +311,7 @@ class BlobStore:
                 follower = None
                 assert hashed == size, (hashed, size)
             else:
-                h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # a pipe: ?
+                h = hasher(st.st_size if stat.S_ISREG(st.st_mode) else CHUNK)  # pipe: any size
                 size = _stream(src, fd, h, None, 0)
                 digest = str(h.hexdigest())
             if size >= FRESH_MIN:
@@ -345,7 +345,7 @@ class BlobStore:
         ``put_fd`` does.
 
         Content already stored stays where it is, unless ``spare`` (``spare-<tid>-``) is given:
-        then the file is kept as ``objects/tmp/<spare><digest>-<n>``, a spare copy that the
+        then the file is kept as ``objects/tmp/<spare><digest>-<pid>.<n>``, a spare copy that the
         apply can rename into the tree where it would otherwise have to make a copy of the
         blob (the same content at many paths: participants/fs.py, ``spares``)."""
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -357,7 +357,8 @@ class BlobStore:
             if self.has(digest, size):  # content staged before: nothing to move (an unlink
                 if spare is None:       # here would free blocks), or kept as a spare copy
                     return Pending(self, digest, size, source=path)
-                kept = os.path.join(self.tmp_dir, f"{spare}{digest}-{next(_counter)}")
+                kept = os.path.join(self.tmp_dir,
+                                    f"{spare}{digest}-{os.getpid()}.{next(_counter)}")
                 os.fchmod(fd, 0o444)  # read-only in the store, as a blob (the apply sets
                 rename(path, kept)    # the target's mode)
                 return Pending(self, digest, size, source=kept)

@@ -164,3 +164,28 @@ def test_spares_are_gone_after_an_abort_and_recover_or_a_commit_too_small_to_bat
         assert a2pc(root, "commit", "--tid", tid)["state"] == "committed"
         assert all((root / "same" / f"f{i}.txt").read_bytes() == SAME for i in range(1, n + 1))
     assert _tmp(root) == []
+
+
+@pytest.mark.parametrize("point", ["commit.mid_apply:40", "commit.mid_apply:85",
+                                   "commit.before_end"])
+def test_a_commit_killed_while_it_renames_spares_is_finished_by_recover(tmp_path, point):
+    """The crash point passes once per path as the apply takes its copy (a spare) and once
+    per rename into the tree: killed with half the spares taken and nothing renamed (40),
+    after the syncfs with five paths renamed (85), or with every path in place: recover rolls
+    the commit forward from the log (a redo makes the copies it lacks), every path holds the
+    content, and recover's sweep removes the spares the killed run did not take."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    a2pc(root, "init")
+    tid = a2pc(root, "begin")["tid"]
+    a2pc(root, "exec", "--tid", tid, "--", "sh", "-c", _write_many(MANY))
+    proc = subprocess.run([sys.executable, "-m", "agent_2pc", "--root", str(root), "commit",
+                           "--tid", tid], capture_output=True, text=True, timeout=100,
+                          env={**os.environ, "AGENT2PC_CRASH_AT": point})
+    assert proc.returncode == 137, proc.stdout + proc.stderr[-2000:]
+    out = a2pc(root, "recover")
+    assert tid in out["rolled_forward"], out
+    files = [root / "same" / f"f{i}.txt" for i in range(1, MANY + 1)]
+    assert all(f.read_bytes() == SAME for f in files)
+    assert len({f.stat().st_ino for f in files}) == MANY
+    assert _tmp(root) == []

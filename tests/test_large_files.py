@@ -371,3 +371,41 @@ def test_a_large_content_given_as_bytes_that_fails_to_write_stages_nothing(
         tx.stage_write("big.bin", os.urandom(blobs_mod.COPY_CHUNK * 2))
     assert tx.status()["ops"] == 0
     assert os.listdir(client.engine.blobs.tmp_dir) == []
+
+
+@pytest.mark.parametrize("point,expect", [
+    ("stage.after_blob", "old"),  # the blob copied and hashed, its record not appended
+    ("prepare.before_decision", "old"),
+    ("commit.after_decision", "new"),
+    ("commit.mid_apply:1", "new"),
+    ("commit.before_end", "new"),
+])
+def test_a_large_file_killed_anywhere_from_its_copy_to_its_end_is_all_or_nothing(
+        tmp_path: Path, point: str, expect: str) -> None:
+    """A real process killed at each point of staging and committing a file big enough for
+    the kernel's copy: recover leaves the old content or puts the whole new one, never a part,
+    and no temp file stays."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "big.bin").write_bytes(b"old\n")
+    Agent2PC.init(root).close()
+    data = os.urandom(blobs_mod.COPY_CHUNK + blobs_mod.COPY_MIN + 3)
+    src = tmp_path / "src.bin"
+    src.write_bytes(data)
+
+    def cli(*args: str, crash: str | None = None) -> subprocess.CompletedProcess:
+        env = dict(os.environ, **({"AGENT2PC_CRASH_AT": crash} if crash else {}))
+        return subprocess.run([sys.executable, "-m", "agent_2pc", "--root", str(root), *args],
+                              capture_output=True, text=True, timeout=120, env=env)
+
+    tid = cli("begin").stdout.strip()
+    staging = point == "stage.after_blob"
+    proc = cli("stage-write", "--tid", tid, "--path", "big.bin", "--from-file", str(src),
+               crash=point if staging else None)
+    if not staging:
+        assert proc.returncode == 0, proc.stderr
+        proc = cli("commit", "--tid", tid, crash=point)
+    assert proc.returncode == 137, proc.stdout + proc.stderr[-2000:]
+    assert cli("recover").returncode == 0
+    assert (root / "big.bin").read_bytes() == (data if expect == "new" else b"old\n")
+    assert os.listdir(root / ".agent-tx" / "objects" / "tmp") == []

@@ -189,3 +189,31 @@ def test_a_commit_killed_while_it_renames_spares_is_finished_by_recover(tmp_path
     assert all(f.read_bytes() == SAME for f in files)
     assert len({f.stat().st_ino for f in files}) == MANY
     assert _tmp(root) == []
+
+
+@pytest.mark.parametrize("how", ["moved", "streamed", "big bytes"])
+def test_a_short_blob_a_crash_left_under_its_name_is_replaced_whole(tmp_path, how):
+    """A machine crash can leave a blob's name with fewer bytes than it should hold: the
+    next staging of that content finds it short and puts the whole content in its place."""
+    import hashlib
+
+    from agent_2pc.storage import blobs as blobs_mod
+
+    store = _store(tmp_path)
+    data = b"whole content\n" * (1 if how != "big bytes" else blobs_mod.COPY_MIN // 14 + 1)
+    digest = hashlib.sha256(data).hexdigest()
+    with open(store.path(digest), "wb") as f:
+        f.write(data[:5])  # the short one
+    src = tmp_path / "upper.bin"
+    src.write_bytes(data)
+    if how == "moved":
+        pending = store.put_moved(str(src))
+    elif how == "streamed":
+        with open(src, "rb") as f:
+            pending = store.put_fd(f.fileno())
+    else:
+        pending = store.put_bytes(data)
+    pending.settle()
+    assert pending.digest == digest
+    assert store.read(digest) == data
+    assert os.listdir(store.tmp_dir) == []

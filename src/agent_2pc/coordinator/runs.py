@@ -503,7 +503,7 @@ class Runs:
                     except Agent2PCError as exc:  # forbidden, or through a link
                         skipped.append({"path": c.path, "kind": c.op, "reason": str(exc)})
                         continue
-                    pre = self._pre_literal(tx, rel, below_link)
+                    pre = self._pre_literal(tx, rel, below_link, memo)
                     if c.op != "delete":
                         self.staging.check_placeable(tx, rel, puts, kind=c.op, memo=memo)
                     if c.op == "delete":
@@ -578,11 +578,14 @@ class Runs:
         raise PathForbidden(f"{link or parent} is a symbolic link in the tree: a path through "
                             "it is not staged", path=path)
 
-    def _pre_literal(self, tx: Tx, rel: str, below_link: bool) -> str | None:
+    def _pre_literal(self, tx: Tx, rel: str, below_link: bool,
+                     memo: dict[str, int]) -> str | None:
         op = tx.staged(rel)
         if op is not None:
             return op.pre
-        return None if below_link else self.staging.tree_fingerprint(rel)
+        if below_link or self.staging.tree_lacks_parent(rel, memo):
+            return None
+        return self.staging.tree_fingerprint(rel)
 
 
 def _names_are_text(changes: list[Any]) -> None:

@@ -168,6 +168,12 @@ class Staging:
             memo[rel] = kind
         return kind
 
+    def tree_lacks_parent(self, rel: str, memo: dict[str, int]) -> bool:
+        """Is a directory on the way to ``rel`` missing from the tree, so that nothing is at
+        ``rel`` either? Answered from ``memo`` (filled by ``check_placeable``) when it can."""
+        parent = rel.rpartition("/")[0]
+        return bool(parent) and self._tree_is(parent, memo) == _MISSING
+
     def check_placeable(self, tx: Tx, rel: str, puts: dict[str, str] | None = None,
                         kind: str = "write", memo: dict[str, int] | None = None) -> None:
         """A file (or link, or with ``kind`` mkdir a directory) may go at ``rel`` in the

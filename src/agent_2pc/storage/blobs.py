@@ -226,8 +226,11 @@ class BlobStore:
 
     def has(self, digest: str, size: int) -> bool:
         """Is the blob there with the right size? (A crash can leave a short one behind.)"""
+        path = self.path(digest)
+        if not os.access(path, os.F_OK, effective_ids=True):  # new content's usual answer,
+            return False  # with no exception raised and caught to get it
         try:
-            st = os.stat(self.path(digest))
+            st = os.stat(path)
         except FileNotFoundError:
             return False
         return st.st_size == size
@@ -329,11 +332,12 @@ class BlobStore:
         """Name the temp file ``tmp`` as the blob ``digest`` unless that blob is there
         (``absent``: the caller just found it missing); the temp name stays until ``settle``."""
         if absent or not self.has(digest, size):
+            path = self.path(digest)
             try:
-                os.unlink(self.path(digest))  # a short one left by a crash
-            except FileNotFoundError:
-                pass
-            os.link(tmp, self.path(digest))
+                os.link(tmp, path)
+            except FileExistsError:  # a short one left by a crash
+                os.unlink(path)
+                os.link(tmp, path)
         return Pending(self, digest, size, tmp=tmp)
 
     def put_moved(self, path: str, spare: str | None = None) -> Pending:

@@ -164,6 +164,8 @@ def current(dirs: Dirs, path: str) -> tuple[str | None, int | None]:
     a device) stands there.
     """
     parent, name = split(path)
+    if dirs.missing is not None and parent in dirs.missing:
+        return None, None  # known missing: no exception raised to say so again
     try:
         dfd = dirs.open(parent)
     except FileNotFoundError:
@@ -202,16 +204,21 @@ def placed_name(tid: str, k: int) -> str:
     return f".agent-2pc-{tid}-{k}.tmp"
 
 
-def _home(dirs: Dirs, path: str) -> str:
+def _home(dirs: Dirs, path: str, known: dict[str, str] | None = None) -> str:
     """The deepest directory on the way to ``path`` that exists now (what apply creates
-    below it is on its file system)."""
-    probe = split(path)[0]
+    below it is on its file system). ``known``: answers for directories asked before."""
+    parent = probe = split(path)[0]
+    if known is not None and parent in known:
+        return known[parent]
     while True:
         try:
             dirs.open(probe)
-            return probe
+            break
         except (FileNotFoundError, NotADirectoryError, ParentNotDir):
             probe = probe.rpartition("/")[0]
+    if known is not None:
+        known[parent] = probe
+    return probe
 
 
 def first_left(root: str, rel_dir: str, deleted: Callable[[str], bool]) -> str | None:
@@ -449,10 +456,11 @@ class FileParticipant:
             writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
             blobs_dev = os.stat(self.blobs.dir).st_dev
             foreign: list[tuple[int, Op, str]] = []  # (k, op, home) on another file system
+            homes: dict[str, str] = {}
             for k, op in enumerate(changes):  # writes and links are renamed into place
                 if op.op not in ("write", "symlink"):
                     continue
-                home = _home(dirs, op.path)
+                home = _home(dirs, op.path, homes)
                 if os.fstat(dirs.open(home)).st_dev != blobs_dev:
                     foreign.append((k, op, home))
             inline: dict[int, bytes] = {}

@@ -93,7 +93,7 @@ LONG_FUNCTIONS = {
     "isolation/_view.py:StagedView.run": 90,
     "isolation/_view.py:StagedView._spawn_on": 109,
     "isolation/_wasi_main.py:_run": 110,
-    "participants/fs.py:FileParticipant._vote": 84,
+    "participants/fs.py:FileParticipant._vote": 77,
     "participants/fs.py:FileParticipant._apply_in": 149,
     "web/_app.py:make_app": 134,
 }

@@ -454,15 +454,7 @@ class FileParticipant:
                         f"{path} changed since it was read (it was {_short(digest)}, now "
                         f"{_short(seen[path])})"))
             writes = [(k, op) for k, op in enumerate(changes) if op.op == "write"]
-            blobs_dev = os.stat(self.blobs.dir).st_dev
-            foreign: list[tuple[int, Op, str]] = []  # (k, op, home) on another file system
-            homes: dict[str, str] = {}
-            for k, op in enumerate(changes):  # writes and links are renamed into place
-                if op.op not in ("write", "symlink"):
-                    continue
-                home = _home(dirs, op.path, homes)
-                if os.fstat(dirs.open(home)).st_dev != blobs_dev:
-                    foreign.append((k, op, home))
+            foreign = self._foreign(dirs, changes)
             inline: dict[int, bytes] = {}
             budget = INLINE_TOTAL_BYTES_MAX
             far = {k for k, _, _ in foreign}
@@ -493,6 +485,20 @@ class FileParticipant:
             return YES
         finally:
             dirs.close()
+
+    def _foreign(self, dirs: Dirs, changes: list[Op]) -> list[tuple[int, Op, str]]:
+        """(k, op, home) of each write or link whose target's deepest existing directory
+        (its home) is on another file system than the blobs: it cannot be renamed there."""
+        blobs_dev = os.stat(self.blobs.dir).st_dev
+        foreign: list[tuple[int, Op, str]] = []
+        homes: dict[str, str] = {}
+        for k, op in enumerate(changes):  # writes and links are renamed into place
+            if op.op not in ("write", "symlink"):
+                continue
+            home = _home(dirs, op.path, homes)
+            if os.fstat(dirs.open(home)).st_dev != blobs_dev:
+                foreign.append((k, op, home))
+        return foreign
 
     def _place(self, dirs: Dirs, tid: str, foreign: list[tuple[int, Op, str]]
                ) -> dict[int, str]:

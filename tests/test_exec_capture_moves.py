@@ -12,6 +12,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_cli
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,9 +180,7 @@ def test_a_commit_killed_while_it_renames_spares_is_finished_by_recover(tmp_path
     a2pc(root, "init")
     tid = a2pc(root, "begin")["tid"]
     a2pc(root, "exec", "--tid", tid, "--", "sh", "-c", _write_many(MANY))
-    proc = subprocess.run([sys.executable, "-m", "agent_2pc", "--root", str(root), "commit",
-                           "--tid", tid], capture_output=True, text=True, timeout=100,
-                          env={**os.environ, "AGENT2PC_CRASH_AT": point})
+    proc = run_cli(("commit", "--tid", tid), root=str(root), env={"AGENT2PC_CRASH_AT": point})
     assert proc.returncode == 137, proc.stdout + proc.stderr[-2000:]
     out = a2pc(root, "recover")
     assert tid in out["rolled_forward"], out

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 from agent_2pc import Agent2PC
 from agent_2pc.errors import TransactionAborted
@@ -393,12 +394,10 @@ def test_a_large_file_killed_anywhere_from_its_copy_to_its_end_is_all_or_nothing
     src = tmp_path / "src.bin"
     src.write_bytes(data)
 
-    def cli(*args: str, crash: str | None = None) -> subprocess.CompletedProcess:
-        env = dict(os.environ, **({"AGENT2PC_CRASH_AT": crash} if crash else {}))
-        return subprocess.run([sys.executable, "-m", "agent_2pc", "--root", str(root), *args],
-                              capture_output=True, text=True, timeout=120, env=env)
+    def cli(*args: str, crash: str | None = None) -> subprocess.CompletedProcess[bytes]:
+        return run_cli(args, root=str(root), env={"AGENT2PC_CRASH_AT": crash} if crash else None)
 
-    tid = cli("begin").stdout.strip()
+    tid = cli("begin").stdout.decode().strip()
     staging = point == "stage.after_blob"
     proc = cli("stage-write", "--tid", tid, "--path", "big.bin", "--from-file", str(src),
                crash=point if staging else None)

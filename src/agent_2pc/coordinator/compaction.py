@@ -117,15 +117,15 @@ class Compaction:
             if not self.journal.live(name) and self.journal.tx_lock(name).is_free():
                 discard(layout.tx_dir(name), layout.trash)
         for name in os.listdir(layout.objects_tmp):
-            if name.startswith(("claim-", "spare-")):
+            head, _, rest = name.partition("-")
+            if head in ("claim", "spare"):
                 # claim-<tid>-<k>[.part], spare-<tid>-<digest>-<pid>.<n>
-                tid = name[len("claim-"):].rsplit("-", 2 if name[0] == "s" else 1)[0]
+                tid = rest.rsplit("-", 2 if head == "spare" else 1)[0]
                 # Not live in our picture of the log, which may predate the transaction
                 # (it began after our refresh): its lock, held from commit to end, says.
                 dead = not self.journal.live(tid) and self.journal.tx_lock(tid).is_free()
-            else:
-                pid = name.partition("-")[0]
-                dead = pid.isdigit() and not pid_alive(int(pid))
+            else:  # <pid>-<n>-<random>
+                dead = head.isdigit() and not pid_alive(int(head))
             if dead:
                 try:
                     os.unlink(os.path.join(layout.objects_tmp, name))

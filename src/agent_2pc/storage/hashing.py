@@ -8,6 +8,7 @@ inputs use the builtin; large ones import hashlib on first need.
 from __future__ import annotations
 
 import _sha256  # type: ignore[import-not-found]
+import errno
 import os
 
 TYPE_CHECKING = False
@@ -120,7 +121,8 @@ class Follower:
                 while self._done < end:
                     n = os.preadv(self._fd, [view[:min(CHUNK, end - self._done)]], self._done)
                     if not n:
-                        raise OSError(5, "the file being hashed got shorter than written")
+                        raise OSError(errno.EIO, "the file being hashed got shorter than "
+                                      "written")
                     self._h.update(view[:n])
                     self._done += n
         except BaseException as exc:  # handed to finish()

@@ -36,7 +36,15 @@ def main(cmd: list[str]) -> int:
         return 126
     if pid == 0:
         try:
+            # The group and the terminal are taken here as well as by the parent (as shells
+            # do): whichever runs first, the program starts in the foreground. An interactive
+            # shell that started in the background would stop itself (SIGTTIN) for good.
             os.setpgid(0, 0)
+            signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+            try:
+                os.tcsetpgrp(0, os.getpid())
+            except OSError:
+                pass
             for sig in (signal.SIGTTOU, signal.SIGTTIN, signal.SIGTSTP, signal.SIGINT,
                         signal.SIGQUIT, signal.SIGPIPE, *FORWARD):
                 signal.signal(sig, signal.SIG_DFL)

@@ -14,10 +14,12 @@ every figure next to a baseline measured in the same run, and the growth factors
                   the same exec + commit with the batched durability off
                   (``AGENT2PC_SYNCFS_MIN=0``: an fsync per file, as before issue 19 item 2)
                   up to ``--unbatched-max`` files.
-  c  history      step latency (CLI ``begin`` + ``stage-write`` + ``commit``; ``status``;
-                  ``list``; ``status --tid`` of the oldest and of the middle transaction) at
-                  0 / 10k / 1M finished transactions (the history generated from real
-                  compacted lines, as compaction leaves it).
+  c  history      step latency (CLI ``begin`` + ``stage-write`` + ``commit``; ``compact``;
+                  ``status``; ``list``; ``status --tid`` and ``diff --tid`` of the transaction
+                  just committed, of the oldest and of the middle one) at 0 / 10k / 1M
+                  finished transactions (the history generated from real compacted lines, as
+                  compaction leaves it); an old transaction's steps are compared with the
+                  same steps on the new one in the empty workspace.
   d  agents       1 / 10 / 50 agent processes on one workspace, each staging and committing one
                   file per transaction through the library: throughput and latency p50/p99.
   e  view         the staged view on trees of 20k and 200k files, per tier (overlay,
@@ -398,9 +400,7 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
                              "oldest": oldest, "gen_s": gen_s,
                              "middle": time.strftime("tx-%Y%m%d-%H%M%S-", time.gmtime(
                                  T0 + level // 2 // 50)) + f"{level // 2:06x}",
-                             "s": {k: [] for k in ("begin", "stage_write", "commit",
-                                                   "begin_stage_commit", "status", "list",
-                                                   "status_old_tid", "status_mid_tid")}}
+                             "s": {}}
         os.sync()
         runs = mode["step_runs"]
         levels = list(spaces)
@@ -411,33 +411,10 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
         for i in range(runs + warm):
             for level in levels[i % len(levels):] + levels[:i % len(levels)]:
                 sp = spaces[level]
-                wenv, s = sp["env"], sp["s"]
-                t0 = C.now()
-                tid = sh([console, "begin"], env=wenv).strip()
-                t1 = C.now()
-                sh([console, "stage-write", "--tid", tid, "--path", f"f{i}.txt", "--content",
-                    f"{i}\n"], env=wenv)
-                t2 = C.now()
-                sh([console, "commit", "--tid", tid], env=wenv)
-                t3 = C.now()
-                sh([console, "status"], env=wenv)
-                t4 = C.now()
-                sh([console, "list"], env=wenv)
-                t5 = C.now()
-                if level:
-                    sh([console, "status", "--tid", sp["oldest"]], env=wenv)
-                t6 = C.now()
-                if level:
-                    sh([console, "status", "--tid", sp["middle"]], env=wenv)
-                t7 = C.now()
-                if i < warm:
-                    continue
-                for k, v in (("begin", t1 - t0), ("stage_write", t2 - t1), ("commit", t3 - t2),
-                             ("begin_stage_commit", t3 - t0), ("status", t4 - t3),
-                             ("list", t5 - t4), ("status_old_tid", t6 - t5),
-                             ("status_mid_tid", t7 - t6)):
-                    if not k.startswith("status_") or k == "status" or level:
-                        s[k].append(v)
+                times = _history_round(console, sp, i, old=bool(level))
+                if i >= warm:
+                    for k, v in times.items():
+                        sp["s"].setdefault(k, []).append(v)
         for level, sp in spaces.items():
             out["levels"][str(level)] = {
                 "generate_s": round(sp["gen_s"], 2), "runs": runs,
@@ -447,10 +424,49 @@ def section_history(mode: dict, python: str, env: dict, console: str) -> dict:
     levels = list(out["levels"])
     base = out["levels"][levels[0]]
     out["growth_vs_empty"] = {
-        lv: {k: C.ratio(row[k], base[k]) for k in ("begin_stage_commit_ms", "status_ms",
-                                                   "list_ms") if k in row and k in base}
+        lv: {k: C.ratio(row[k], base[k]) for k in (
+            "begin_stage_commit_ms", "status_ms", "list_ms", "compact_ms", "status_new_tid_ms",
+            "diff_new_tid_ms") if k in row and k in base}
         for lv, row in out["levels"].items() if lv != levels[0]}
+    # An old transaction's status and diff, against the same step on the transaction just
+    # committed in the empty workspace.
+    for lv, row in out["levels"].items():
+        for step in ("status", "diff"):
+            for which in ("old", "mid"):
+                k = f"{step}_{which}_tid_ms"
+                if k in row and f"{step}_new_tid_ms" in base:
+                    out["growth_vs_empty"][lv][k] = C.ratio(row[k], base[f"{step}_new_tid_ms"])
     return out
+
+
+def _history_round(console: str, sp: dict, i: int, old: bool) -> dict[str, float]:
+    """One round of CLI steps on one level's workspace: begin, stage-write, commit, compact,
+    status, list, then status and diff of the transaction just committed and (``old``: the
+    history is not empty) of the oldest and the middle one. Their times, in seconds."""
+    wenv = sp["env"]
+    marks = [("start", C.now())]
+    tid = sh([console, "begin"], env=wenv).strip()
+    marks.append(("begin", C.now()))
+    sh([console, "stage-write", "--tid", tid, "--path", f"f{i}.txt", "--content", f"{i}\n"],
+       env=wenv)
+    marks.append(("stage_write", C.now()))
+    sh([console, "commit", "--tid", tid], env=wenv)
+    marks.append(("commit", C.now()))
+    sh([console, "compact"], env=wenv)
+    marks.append(("compact", C.now()))
+    sh([console, "status"], env=wenv)
+    marks.append(("status", C.now()))
+    sh([console, "list"], env=wenv)
+    marks.append(("list", C.now()))
+    for which, about in (("new", tid), ("old", sp["oldest"]), ("mid", sp["middle"])):
+        if which != "new" and not old:
+            continue
+        for step in ("status", "diff"):
+            sh([console, step, "--tid", about], env=wenv)
+            marks.append((f"{step}_{which}_tid", C.now()))
+    times = {name: t - marks[k][1] for k, (name, t) in enumerate(marks[1:])}
+    times["begin_stage_commit"] = times["begin"] + times["stage_write"] + times["commit"]
+    return times
 
 
 # --- (d) many agents on one workspace -----------------------------------------------------------

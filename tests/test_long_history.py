@@ -53,18 +53,26 @@ def small_segments(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class _Counted:
-    """Counts the bytes the history reader reads (history_store._pread)."""
+    """Counts the bytes the history reader reads (history_store._pread) and the segment files
+    it opens."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.bytes = 0
+        self.segments_opened = 0
         real = history_store._pread
+        real_path = history_store.Store.segment_path
 
         def pread(fd: int, n: int, offset: int) -> bytes:
             data = real(fd, n, offset)
             self.bytes += len(data)
             return data
 
+        def segment_path(store: Store, seq: int) -> str:
+            self.segments_opened += 1
+            return real_path(store, seq)
+
         monkeypatch.setattr(history_store, "_pread", pread)
+        monkeypatch.setattr(history_store.Store, "segment_path", segment_path)
 
 
 def _grow(root: str, n: int) -> list[str]:
@@ -171,6 +179,7 @@ def test_status_of_an_old_tid_reads_the_segments_its_range_names(root, client, m
     current = os.path.getsize(_history(root)) if os.path.exists(_history(root)) else 0
     assert counted.bytes <= sum(s["bytes"] for s in holding) + current + 16  # (+ a byte
     # per file: does it end with a newline?)
+    assert counted.segments_opened == len(holding)  # the others are not even opened
     assert fresh.engine.status(tids[-1])["transactions"][0]["state"] == "committed"
     for absent in ("tx-20000101-000000-abcdef", tids[20][:-6] + "zzzzzz"):
         with pytest.raises(UnknownTid):

@@ -155,11 +155,13 @@ class Store:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def files_newest_first(self) -> Iterator[tuple[dict[str, Any] | None, int]]:
+    def files_newest_first(self, holding: str | None = None
+                           ) -> Iterator[tuple[dict[str, Any] | None, int]]:
         """(the segment's index entry, or None for history.jsonl; an open fd), newest first;
         each fd is closed when the next one is asked for. The open segment is opened before
         the index is read: a seal in between makes a segment seen twice (the caller keeps a
-        tid once), never missed."""
+        tid once), never missed. ``holding``: only the segments whose tid range may hold that
+        tid (the others are not opened: a million transactions are 500 segments)."""
         try:
             fd = os.open(self.current, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -172,6 +174,8 @@ class Store:
             if fd != -1:
                 os.close(fd)
         for seg in reversed(segments):
+            if holding is not None and not _may_hold(seg, holding):
+                continue
             try:
                 fd = os.open(self.segment_path(seg["seq"]), os.O_RDONLY | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -207,11 +211,10 @@ class Store:
     def lookup(self, tid: str) -> dict[str, Any] | None:
         """The latest line of ``tid``, or None. Reads the open segment and the sealed ones
         whose tid range holds ``tid``."""
-        for seg, fd in self.files_newest_first():
-            if _may_hold(seg, tid):
-                hit = _find(fd, _complete_end(fd), tid)
-                if hit is not None:
-                    return hit[1]
+        for _, fd in self.files_newest_first(holding=tid):
+            hit = _find(fd, _complete_end(fd), tid)
+            if hit is not None:
+                return hit[1]
         return None
 
     # -- sealing and retention (the caller holds the log's lock) ---------------------------

@@ -100,7 +100,7 @@ def plan(root: str, blobs: BlobStore, tx: Tx) -> list[Rebased]:
     cannot be merged (then nothing is merged)."""
     read_paths = {p for p, _ in tx.reads}
     out: list[Rebased] = []
-    dirs = Dirs(root)
+    dirs = Dirs(root, remember_missing=True)  # it only looks: a new tree is asked about once
     try:
         for path, digest in tx.reads:
             if current(dirs, path)[0] != digest:

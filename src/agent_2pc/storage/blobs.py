@@ -412,7 +412,7 @@ class BlobStore:
         fans = set()
         top = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if batch else -1
         try:
-            for digest in digests:
+            for digest in dict.fromkeys(digests):  # once each (one content at many paths)
                 try:
                     fd = os.open(self.path(digest), os.O_RDONLY | os.O_CLOEXEC)
                 except FileNotFoundError:

@@ -4,7 +4,8 @@ every figure next to a baseline measured in the same run, and the growth factors
 
   a  large_file   one file of 64 MiB / 256 MiB / 1 GiB staged and committed, through the library
                   (``tx.stage_write_file(path, src)``, and ``tx.stage_write(path, bytes)``) and
-                  through the CLI (``stage-write --from-file`` + ``commit``), against ``cp`` +
+                  through the CLI (``begin`` + ``stage-write --from-file`` + ``commit``, and
+                  one ``run-batch`` of an ``fs_write`` with ``content_file``), against ``cp`` +
                   ``sync FILE`` (an fsync) of the same file: wall time and the peak RSS of the
                   process doing it, each variant in a child process of its own.
   b  big_tree     ``exec`` of a command creating 1k / 20k / 50k small files (100 per directory,
@@ -132,6 +133,18 @@ def child_main(argv: list[str]) -> None:
         dt = time.perf_counter() - t
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         base = 0
+    elif variant == "cli_batch":  # one process: run-batch of an fs_write with content_file
+        console = argv[4]
+        env = dict(os.environ, AGENT2PC_ROOT=root)
+        manifest = os.path.join(os.path.dirname(src), "batch.json")
+        with open(manifest, "w") as f:
+            json.dump({"steps": [{"type": "fs_write", "path": dest, "content_file": src}]}, f)
+        t = time.perf_counter()
+        subprocess.run([console, "run-batch", "--file", manifest], env=env, check=True,
+                       stdout=subprocess.DEVNULL)
+        dt = time.perf_counter() - t
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        base = 0
     else:
         from agent_2pc import Agent2PC
 
@@ -174,7 +187,8 @@ def section_large(mode: dict, python: str, env: dict, console: str) -> dict:
         for mib in mode["large_mib"]:
             src = os.path.join(d.path, f"src-{mib}.bin")
             make_file(src, mib * MIB)
-            variants = ["cp_fsync", "lib_path", "cli"] + (["lib_bytes"] if mib <= 256 else [])
+            variants = ["cp_fsync", "lib_path", "cli", "cli_batch"] + (
+                ["lib_bytes"] if mib <= 256 else [])
             samples: dict[str, list[dict]] = {v: [] for v in variants}
             C.log(f"(a) {mib} MiB: {mode['runs']} runs of {variants}")
             for i in range(mode["runs"]):
@@ -209,7 +223,7 @@ def section_large(mode: dict, python: str, env: dict, console: str) -> dict:
         first, last = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
         out["growth"] = {f"{v}_time_{sizes[0]}_to_{sizes[-1]}": C.ratio(last[v]["median_s"],
                                                                         first[v]["median_s"])
-                         for v in ("cp_fsync", "lib_path", "cli")}
+                         for v in ("cp_fsync", "lib_path", "cli", "cli_batch")}
         out["growth"]["size_ratio"] = C.ratio(mode["large_mib"][-1], mode["large_mib"][0])
     return out
 

@@ -8,7 +8,7 @@ import json
 import os
 
 import pytest
-from conftest import parse_one_object, read, write
+from conftest import parse_one_object, read, run_cli, write
 
 from agent_2pc import Agent2PCError
 
@@ -413,6 +413,11 @@ BAD_FIELDS = [
     ({"type": "fs_write", "path": "", "content": "n"}, "path"),
     ({"type": "fs_write", "path": ["n.txt"], "content": "n"}, "path"),
     ({"type": "fs_write", "path": "n.txt", "content": 5}, "content"),
+    ({"type": "fs_write", "path": "n.txt", "content_file": "/no/such/file"}, "content_file"),
+    ({"type": "fs_write", "path": "n.txt", "content_file": "/tmp"}, "content_file"),
+    ({"type": "fs_write", "path": "n.txt", "content_file": ""}, "content_file"),
+    ({"type": "fs_write", "path": "n.txt", "content_file": ["a"]}, "content_file"),
+    ({"type": "fs_write", "path": "n.txt", "content_file": "a\u0000b"}, "content_file"),
     ({**W, "create_dirs": "true"}, "create_dirs"),
     ({"type": "fs_delete", "path": None}, "path"),
     ({"type": "fs_replace", "path": "a.txt", "old": "", "new": "x"}, "old"),
@@ -460,6 +465,7 @@ BAD_STEPS = [
     {"type": "command", "command": "true", "network": True},
     {"type": "fs_write", "path": "n.txt"},
     {"type": "fs_write", "path": "n.txt", "content": "n", "content_base64": "bg=="},
+    {"type": "fs_write", "path": "n.txt", "content": "n", "content_file": "/etc/hostname"},
 ]
 
 
@@ -558,3 +564,62 @@ def test_a_check_s_working_dir_and_env_hold_when_it_runs_again_at_commit(tree, c
     status, out = cli("commit", "--tid", tid)
     assert status == 0, out
     assert read(tree, "sub/g.txt") == b"2"
+
+
+def test_content_file_stages_a_file_streamed_with_its_mode_and_commits(tree, tmp_path):
+    # Named relative to the caller's directory, as stage-write --from-file.
+    big = os.urandom(3 << 20) + b"end\n"
+    (tmp_path / "art").mkdir()
+    (tmp_path / "art" / "build.bin").write_bytes(big)
+    manifest = {"steps": [
+        step({"type": "fs_write", "path": "out/build.bin", "content_file": "art/build.bin",
+              "mode": "0755"}),
+        step({"type": "fs_write", "path": "out/small.txt", "content": "s\n"})]}
+    (tmp_path / "m.json").write_text(json.dumps(manifest))
+    proc = run_cli(("run-batch", "--file", "m.json"), json_out=True, root=tree, cwd=tmp_path)
+    out = parse_one_object(proc)
+    assert proc.returncode == 0 and out["state"] == "committed", out
+    assert out["steps"][0]["result"]["bytes"] == len(big), out
+    assert read(tree, "out/build.bin") == big
+    assert os.stat(os.path.join(tree, "out/build.bin")).st_mode & 0o777 == 0o755
+
+
+def test_content_file_that_vanishes_before_its_step_aborts_the_batch_naming_it(
+        tree, client, tmp_path, snapshot):
+    src = tmp_path / "gone.txt"
+    src.write_text("here when checked\n")
+    before = snapshot()["tree"]
+    manifest = {"steps": [
+        step({"type": "fs_write", "path": "first.txt", "content": "1\n"}),
+        {"participant_id": "slow", "intent": {"type": "command", "command": f"rm {src}"}},
+        step({"type": "fs_write", "path": "late.txt", "content_file": str(src)})]}
+    with pytest.raises(Agent2PCError) as err:
+        client.run_batch(manifest)
+    assert err.value.code == "usage" and "step 2" in err.value.message, err.value.message
+    assert "cannot read" in err.value.message and str(src) in err.value.message
+    result = err.value.details["result"]
+    assert result["state"] == "aborted" and [s["ok"] for s in result["steps"]] == [
+        True, True, False]
+    assert client.get(result["tid"]).state() == "aborted"  # not left active
+    assert snapshot()["tree"] == before
+
+
+def test_a_disk_error_in_a_step_aborts_the_batch_instead_of_leaving_it_active(
+        tree, client, tmp_path, monkeypatch):
+    from agent_2pc.coordinator import batch
+
+    real = batch._execute
+
+    def failing(tx, kind, intent, left_ms):  # type: ignore[no-untyped-def]
+        if intent.get("path") == "second.txt":
+            raise OSError(5, "Input/output error", "/dev/sdz")
+        return real(tx, kind, intent, left_ms)
+
+    monkeypatch.setattr(batch, "_execute", failing)
+    manifest = {"steps": [step({"type": "fs_write", "path": "first.txt", "content": "1\n"}),
+                          step({"type": "fs_write", "path": "second.txt", "content": "2\n"})]}
+    with pytest.raises(Agent2PCError) as err:
+        client.run_batch(manifest)
+    assert err.value.code == "io_error", err.value.message
+    tid = err.value.details["result"]["tid"]
+    assert client.get(tid).state() == "aborted"

@@ -22,11 +22,19 @@ committed within it, and a command or exec step gets at most the time that is le
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
 from ..core import jsonin
-from ..errors import Agent2PCError, InputError, InvalidManifest, TransactionAborted
+from ..errors import (
+    Agent2PCError,
+    InputError,
+    InvalidManifest,
+    IoFailed,
+    TransactionAborted,
+    UsageError,
+)
 from ..participants.api import http_call
 from .paths import check_path_text, resolve, resolve_dir
 from .runs import TIMEOUT_MS_DEFAULT, _glob_matcher, _timeout_s, check_env
@@ -106,6 +114,25 @@ def _timeout(value: Any) -> int:
     return int(value)
 
 
+def _source_file(value: Any) -> str:
+    """A file to stage the content of (fs_write's ``content_file``): a regular file that this
+    process can read, named relative to the current directory. Checked before anything
+    begins; read, streamed, when its step runs."""
+    import stat
+
+    if not isinstance(value, str) or not value or "\0" in value:
+        raise InvalidManifest(f"must be the path of a file, not {_kind(value)}")
+    try:
+        st = os.stat(value)
+    except OSError as exc:
+        raise InvalidManifest(f"cannot read {value}: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise InvalidManifest(f"cannot read {value}: not a regular file")
+    if not os.access(value, os.R_OK):
+        raise InvalidManifest(f"cannot read {value}: permission denied")
+    return value
+
+
 def _argv(value: Any) -> list[str]:
     if not isinstance(value, list) or not value:
         raise InvalidManifest("must be a non-empty list of strings")
@@ -138,8 +165,8 @@ def _any(value: Any) -> Any:
 # Every field of every step type: name -> (required, check). "type" is implied.
 FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], Any]]]] = {
     "fs_write": {"path": (True, _path), "content": (False, _text),
-                 "content_base64": (False, _base64), "mode": (False, _mode),
-                 "create_dirs": (False, _flag)},
+                 "content_base64": (False, _base64), "content_file": (False, _source_file),
+                 "mode": (False, _mode), "create_dirs": (False, _flag)},
     "fs_delete": {"path": (True, _path)},
     "fs_replace": {"path": (True, _path), "old": (True, _nonempty), "new": (True, _text),
                    "all": (False, _flag)},
@@ -154,6 +181,7 @@ FIELDS: dict[str, dict[str, tuple[bool, Callable[[Any], Any]]]] = {
             "compensate": (False, _object)},
     "sql": {"dsn": (True, _nonempty), "sql": (True, _nonempty)},
 }
+_CONTENT_FIELDS = ("content", "content_base64", "content_file")
 _PATH_FIELDS = {"fs_write": "path", "fs_delete": "path", "fs_replace": "path",
                 "command": "working_dir"}
 
@@ -284,8 +312,9 @@ def _parse_step(i: int, step: Any) -> dict[str, Any]:
 
 def _whole(kind: str, intent: dict[str, Any]) -> None:
     """The rules between fields of one step."""
-    if kind == "fs_write" and ("content" in intent) == ("content_base64" in intent):
-        raise InvalidManifest("fs_write needs exactly one of 'content' and 'content_base64'")
+    if kind == "fs_write" and sum(k in intent for k in _CONTENT_FIELDS) != 1:
+        raise InvalidManifest("fs_write needs exactly one of 'content', 'content_base64' and "
+                              "'content_file'")
     if kind == "command" and intent.get("network") and not intent.get("sandbox"):
         raise InvalidManifest("'network' only makes sense with 'sandbox': true")
     if kind == "api":
@@ -325,6 +354,17 @@ def _check_paths(root: str, steps: list[dict[str, Any]]) -> None:
 def _execute(tx: Transaction, kind: str, intent: dict[str, Any], left_ms: int | None
              ) -> dict[str, Any]:
     if kind == "fs_write":
+        if "content_file" in intent:  # streamed, as stage-write --from-file
+            source = intent["content_file"]
+            try:
+                fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:  # gone or changed since the manifest was checked
+                raise UsageError(f"cannot read {source}: {exc.strerror}", path=source) from None
+            try:
+                return tx.stage_write_file(intent["path"], fd, mode=intent.get("mode"),
+                                           create_dirs=intent.get("create_dirs", True))
+            finally:
+                os.close(fd)
         data = intent["content_base64"] if "content_base64" in intent else \
             intent["content"].encode("utf-8")
         return tx.stage_write(intent["path"], data, mode=intent.get("mode"),
@@ -378,7 +418,9 @@ def run_batch(client: Agent2PC, manifest: bytes | str | dict[str, Any]) -> dict[
                 raise TransactionAborted(f"the batch's timeout_ms ({m['timeout_ms']}) ran out "
                                          "before it", code="timeout")
             result = _execute(tx, kind, s["intent"], left_ms)
-        except Agent2PCError as exc:
+        except (Agent2PCError, OSError) as raised:  # the disk's refusal aborts it too
+            exc = raised if isinstance(raised, Agent2PCError) else \
+                IoFailed.from_os_error(raised)
             done.append({**row, "ok": False, "error": {"code": exc.code,
                                                        "message": exc.message}})
             if tx.state() == "active":
@@ -386,7 +428,7 @@ def run_batch(client: Agent2PC, manifest: bytes | str | dict[str, Any]) -> dict[
             raise TransactionAborted(
                 f"{name} failed: {exc.message}; {tx.tid} was aborted",
                 code=exc.code, tid=tx.tid,
-                result={"tid": tx.tid, "state": "aborted", "steps": done}) from exc
+                result={"tid": tx.tid, "state": "aborted", "steps": done}) from raised
         done.append({**row, "ok": True, "result": result})
     try:
         out = tx.git_commit(**m["git_commit"]) if m["git_commit"] else tx.commit()

@@ -25,7 +25,7 @@ from ._locate import check_writable, locate_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO, Any
+    from typing import IO, Any, Callable
 
     from .engine import Engine
 
@@ -238,16 +238,22 @@ class Transaction:
                                         create_dirs=create_dirs)
 
     def stage_write_file(self, path: str, source: str | os.PathLike[str] | IO[bytes] | int,
-                         mode: int | None = None) -> dict[str, Any]:
+                         mode: int | None = None, create_dirs: bool = True) -> dict[str, Any]:
         """Stage the content of a file (a path, a binary file object, or an open descriptor,
         read from where it stands to its end and left open), streamed: never held whole in
-        memory, hashed once while it is written."""
+        memory, hashed once while it is written. ``mode`` and ``create_dirs`` as for
+        ``stage_write``."""
+
+        def staged(fd: int) -> dict[str, Any]:
+            return self._engine.stage_write(self.tid, path, src_fd=fd, mode=mode,
+                                            create_dirs=create_dirs)
+
         if isinstance(source, int):
-            return self._engine.stage_write(self.tid, path, src_fd=source, mode=mode)
+            return staged(source)
         if isinstance(source, (str, os.PathLike)):
-            fd = os.open(os.fspath(source), os.O_RDONLY)
+            fd = os.open(os.fspath(source), os.O_RDONLY | os.O_CLOEXEC)
             try:
-                return self._engine.stage_write(self.tid, path, src_fd=fd, mode=mode)
+                return staged(fd)
             finally:
                 os.close(fd)
         if not hasattr(source, "read"):
@@ -255,21 +261,21 @@ class Transaction:
                              f"not {type(source).__name__}")
         under = _file_descriptor(source)
         if under is None:
-            return self._stage_from_reader(path, source, mode)
+            return self._stage_from_reader(source, staged)
         try:  # a buffered object's descriptor may stand ahead of what it handed out so far
             os.lseek(under, source.tell(), os.SEEK_SET)
         except OSError:  # not seekable (a pipe): its buffer, if any, may hold what comes first
             if hasattr(source, "peek"):
-                return self._stage_from_reader(path, source, mode)
+                return self._stage_from_reader(source, staged)
         try:
-            return self._engine.stage_write(self.tid, path, src_fd=under, mode=mode)
+            return staged(under)
         finally:
             try:
                 source.seek(0, os.SEEK_END)  # the object's buffer agrees with its descriptor
             except OSError:
                 pass
 
-    def _stage_from_reader(self, path: str, source: IO[bytes], mode: int | None
+    def _stage_from_reader(self, source: IO[bytes], staged: Callable[[int], dict[str, Any]]
                            ) -> dict[str, Any]:
         """Stage an object without a usable descriptor (io.BytesIO, a decompressing reader, a
         buffered pipe with bytes in its buffer): its content goes through an unnamed temp file
@@ -290,7 +296,7 @@ class Transaction:
                 spool.write(chunk)
             spool.flush()
             os.lseek(spool.fileno(), 0, os.SEEK_SET)
-            return self._engine.stage_write(self.tid, path, src_fd=spool.fileno(), mode=mode)
+            return staged(spool.fileno())
 
     def stage_delete(self, path: str) -> dict[str, Any]:
         return self._engine.stage_delete(self.tid, path)

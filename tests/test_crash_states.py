@@ -88,6 +88,42 @@ def test_the_log_exists_before_the_first_transaction(tmp_path):
     assert any(op.kind == "write" for op in interp.ops)  # it did append, to the log made at init
 
 
+def test_a_file_the_kernel_copies_into_the_store_is_in_the_picture(tmp_path):
+    """A file of blobs.COPY_MIN bytes or more is staged by copy_file_range from outside the
+    root: the model takes the copy as a write of the source's bytes into the temp blob (the
+    `huge` workload's crash states would otherwise miss the blob's content)."""
+    from crashsim import fsmodel, trace
+    from crashsim.workloads import HUGE
+
+    from agent_2pc.storage.blobs import COPY_MIN
+
+    assert len(HUGE) >= COPY_MIN
+    root = tmp_path / "repo"
+    root.mkdir()
+    src = tmp_path / "huge.bin"
+    src.write_bytes(HUGE)
+    a2pc = [sys.executable, "-m", "agent_2pc", "--root", str(root)]
+    assert subprocess.run([*a2pc, "init"], capture_output=True, timeout=60).returncode == 0
+    tid = subprocess.run([*a2pc, "begin"], capture_output=True, text=True,
+                         timeout=60).stdout.strip()
+    fs = fsmodel.snapshot(str(root))
+    out = str(tmp_path / "stage.trace")
+    proc = trace.run_traced([*a2pc, "stage-write", "--tid", tid, "--path", "data.bin",
+                             "--from-file", str(src)], out)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    calls = trace.parse(out)
+    copies = [c for c in calls if c.name == "copy_file_range" and c.ok and c.ret]
+    assert copies, "the stage did not copy through the kernel"
+    interp = fsmodel.Interpreter(fs)
+    interp.feed(calls)
+    written: dict[int, bytearray] = {}
+    for op in interp.ops:
+        if op.kind == "write":
+            buf = written.setdefault(op.ino, bytearray())
+            buf[op.off:op.off + len(op.data)] = op.data
+    assert bytes(HUGE) in [bytes(b) for b in written.values()]
+
+
 @pytest.mark.parametrize("workload", sorted(all_workloads()))
 def test_no_crash_state_breaks_an_invariant(tmp_path, workload):
     report = explore(tmp_path, "-w", workload, "--budget", str(CI_BUDGET), "--seed", "1")

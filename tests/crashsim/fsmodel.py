@@ -388,7 +388,9 @@ class Interpreter:
         assert call.ret is not None
         table = self._table(call.pid)
         if not self.inside(path):
-            table.pop(call.ret, None)
+            # Kept without an inode: a file outside the root is no state, but its position is
+            # where a copy_file_range from it into the root reads (a large file staged).
+            table[call.ret] = (_Ofd(None, 0, False, path), "O_CLOEXEC" in flags)
             return
         parent, ino, name = self.lookup(path)
         if ino is None:
@@ -663,24 +665,53 @@ class Interpreter:
         self._emit(Op("sync", ino=ofd.ino, failed=not call.ok, label=call.errno or "",
                       info={"inos": inos, "root_dev": root_dev}), call)
 
+    def _inside_ofd(self, call: Call, arg: str) -> _Ofd | None:
+        ofd = self._ofd(call, arg)
+        return ofd if ofd is not None and ofd.ino is not None else None
+
     def _c_copy_file_range(self, call: Call) -> None:
-        if self._ofd(call, call.args[2]) is not None and call.ok and call.ret:
-            raise TraceError(f"call {call.index}: copy_file_range into the root is not "
-                             "modelled")
+        """A write into the root of bytes the kernel copied from another file: the bytes are
+        the source's, from its position (or the offset given) on. A source in the root is
+        read from the picture; one outside it (a file being staged) from the disk, where it
+        still is, unchanged, after the run. The positions move as a read's and a write's."""
+        dst = self._inside_ofd(call, call.args[2])
+        src = self._ofd(call, call.args[0])
+        if src is not None and call.ok and call.args[1] == "NULL":
+            src.pos += call.ret or 0
+        if dst is None or not call.ok or not call.ret:
+            return
+        if src is None:
+            raise TraceError(f"call {call.index}: copy_file_range from a descriptor the trace "
+                             "never saw opened")
+        n = call.ret
+        at = src.pos - n if call.args[1] == "NULL" else int(call.args[1].strip("[]"))
+        if src.ino is not None:
+            node = self.live.nodes[src.ino]
+            assert node.data is not None
+            data = bytes(node.data[at:at + n])
+        else:
+            with open(src.path.removesuffix(" (deleted)"), "rb") as f:
+                f.seek(at)
+                data = f.read(n)
+        if len(data) != n:
+            raise TraceError(f"call {call.index}: copy_file_range of {n} bytes from "
+                             f"{src.path}, which holds {len(data)} there now")
+        off = None if call.args[3] == "NULL" else int(call.args[3].strip("[]"))
+        self._write(call, dst, data, off)
 
     def _c_sendfile(self, call: Call) -> None:
-        if self._ofd(call, call.args[0]) is not None and call.ok and call.ret:
+        if self._inside_ofd(call, call.args[0]) is not None and call.ok and call.ret:
             raise TraceError(f"call {call.index}: sendfile into the root is not modelled")
 
     def _c_splice(self, call: Call) -> None:
-        if self._ofd(call, call.args[2]) is not None and call.ok and call.ret:
+        if self._inside_ofd(call, call.args[2]) is not None and call.ok and call.ret:
             raise TraceError(f"call {call.index}: splice into the root is not modelled")
 
     def _c_mmap(self, call: Call) -> None:
         if len(call.args) < 5 or "MAP_SHARED" not in call.args[3] \
                 or "PROT_WRITE" not in call.args[2]:
             return
-        ofd = self._ofd(call, call.args[4])
+        ofd = self._inside_ofd(call, call.args[4])
         if ofd is not None and not ofd.path.endswith("-shm"):
             raise TraceError(f"call {call.index}: a writable shared map of {ofd.path} (writes "
                              "through it are invisible to the trace)")

@@ -58,6 +58,7 @@ def _commit(tid: str, **kw: object) -> Step:
 BEGIN = Step(["begin"])
 
 BIG = bytes((i * 7 + i // 251) % 256 for i in range(200 * 1024))  # 200 KiB, not inline
+HUGE = (BIG * 21)[:(4 << 20) + 4096]  # past blobs.COPY_MIN: copied by the kernel
 
 _MANY_FILES = {f"src/m{i:02d}.py": f"# module {i}\nVALUE = {i}\n" for i in range(20)}
 _MANY_FILES.update({f"old/o{i:02d}.txt": f"old {i}\n" for i in range(12)})
@@ -108,6 +109,11 @@ def all_workloads() -> dict[str, Workload]:
                         Step(["stage-write", "--tid", "{t0}", "--path", "new/deep/big.bin",
                               "--from-file", "{extra}/big2.bin"]),
                         _commit("t0")]),
+        Workload("huge", "one commit of a file of 4 MiB and more (copied into the store by "
+                 "copy_file_range, hashed beside the copy, its writeback started early)",
+                 files={"data.bin": b"old\n"}, extra_files={"huge.bin": HUGE},
+                 steps=[BEGIN, Step(["stage-write", "--tid", "{t0}", "--path", "data.bin",
+                                     "--from-file", "{extra}/huge.bin"]), _commit("t0")]),
         Workload("many", "one commit of 50 changes made by exec: writes, creates, deletes, a "
                  "directory replaced by a file and a file by a directory, a link",
                  files=dict(_MANY_FILES),

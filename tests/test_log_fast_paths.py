@@ -310,3 +310,23 @@ def test_opening_and_working_leave_the_collector_on(tmp_path):
     assert gc.isenabled()
     Agent2PC(root).engine.transactions()
     assert gc.isenabled()
+
+
+def test_torn_tails_set_aside_are_bounded_the_newest_kept(tmp_path):
+    from agent_2pc.storage.log import TORN, TORN_KEPT_MAX
+
+    client = Agent2PC.init(tmp_path)
+    wal = os.path.join(tmp_path, ".agent-tx", "wal.bin")
+    cuts = []
+    try:
+        for i in range(TORN_KEPT_MAX + 5):
+            cuts.append(os.path.getsize(wal))
+            with open(wal, "ab") as f:  # a writer killed mid-append
+                f.write(wal_format.encode(_record("begin", f"tx-{i}", i, 0))[:7])
+            client.begin()  # the next append cuts it off and sets it aside
+    finally:
+        client.close()
+    aside = sorted(n for n in os.listdir(os.path.dirname(wal)) if TORN in n)
+    assert len(aside) == TORN_KEPT_MAX, aside
+    assert f"wal.bin{TORN}{cuts[-1]}" in aside and f"wal.bin{TORN}{cuts[0]}" not in aside
+    assert wal_format.decode(_read(wal)).damage is None

@@ -36,7 +36,7 @@ SITES: dict[str, str] = {
     "log.append:fsync": "the fsync after an append that must be durable (a commit decision, "
                         "an API call's sending record)",
     "log.sync:fsync": "the log synced before prepare places content on another file system",
-    "log._truncate:write": "a torn tail copied aside before it is cut",
+    "log.set_aside:write": "a torn tail copied aside before it is cut",
     "log._truncate:fsync": "the log synced after a torn tail is cut",
     "log.replace:write": "compaction writes the new log",
     "log.replace:fsync": "compaction syncs the new log",

@@ -38,7 +38,35 @@ HEADER_READ_BYTES = 512  # a log header is ~100 bytes
 
 
 UNSYNCED = ".unsynced"  # wal.bin.unsynced: an fsync of the log failed; write it anew
+TORN = ".torn-"  # wal.bin.torn-<offset>: a torn tail cut off the log, kept to look at
+TORN_KEPT_MAX = 16  # the newest ones; older ones are removed when a new one is set aside
 
+
+
+def set_aside(path: str, offset: int, torn: bytes) -> None:
+    """Keep a torn tail cut off the log at ``offset`` as ``<log>.torn-<offset>`` (for a person
+    to look at: nothing reads it back), and only the TORN_KEPT_MAX newest of them: one is
+    left by each writer killed mid-append, so without a bound they would pile up."""
+    aside = os.open(f"{path}{TORN}{offset}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
+                    0o644)
+    try:
+        write_all(aside, torn)
+    finally:
+        os.close(aside)
+    folder, prefix = os.path.split(path + TORN)
+    kept = []
+    for entry in os.scandir(folder):
+        at = entry.name[len(prefix):]
+        if entry.name.startswith(prefix) and at.isdigit():
+            try:  # newest last: by time, then (the same tick) by offset, which only grows
+                kept.append((entry.stat().st_mtime_ns, int(at), entry.name))
+            except FileNotFoundError:
+                continue
+    for _, _, name in sorted(kept)[:-TORN_KEPT_MAX]:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
 
 class Batch:
     __slots__ = ("reset", "records", "frames", "truncated_bytes")
@@ -161,12 +189,7 @@ class Log:
                 if not decoded.damage.torn:
                     return
                 at = start + decoded.damage.offset
-                aside = os.open(f"{self.path}.torn-{at}",
-                                os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-                try:
-                    write_all(aside, data[at:])
-                finally:
-                    os.close(aside)
+                set_aside(self.path, at, data[at:])
                 self.truncated_bytes += len(data) - at
             self.replace(list(decoded.frames))
             self._offset = start  # the caller reads the new file from its first record
@@ -205,13 +228,7 @@ class Log:
     def _truncate(self, offset: int, nbytes: int) -> None:
         """Cut a torn tail off, keeping a copy of it aside (``wal.bin.torn-<offset>``)."""
         assert self._fd is not None and self.lock.held
-        torn = os.pread(self._fd, nbytes, offset)
-        aside = os.open(f"{self.path}.torn-{offset}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-                        0o644)
-        try:
-            write_all(aside, torn)
-        finally:
-            os.close(aside)
+        set_aside(self.path, offset, os.pread(self._fd, nbytes, offset))
         os.ftruncate(self._fd, offset)
         try:
             fsync_fd(self._fd)

@@ -42,7 +42,6 @@ TORN = ".torn-"  # wal.bin.torn-<offset>: a torn tail cut off the log, kept to l
 TORN_KEPT_MAX = 16  # the newest ones; older ones are removed when a new one is set aside
 
 
-
 def set_aside(path: str, offset: int, torn: bytes) -> None:
     """Keep a torn tail cut off the log at ``offset`` as ``<log>.torn-<offset>`` (for a person
     to look at: nothing reads it back), and only the TORN_KEPT_MAX newest of them: one is
@@ -67,6 +66,7 @@ def set_aside(path: str, offset: int, torn: bytes) -> None:
             os.unlink(os.path.join(folder, name))
         except FileNotFoundError:
             pass
+
 
 class Batch:
     __slots__ = ("reset", "records", "frames", "truncated_bytes")

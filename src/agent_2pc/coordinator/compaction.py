@@ -56,24 +56,30 @@ class Compaction:
         their retention, dead processes' temp files. Files go to trash/ at once and are
         deleted in the background. Blobs are judged under the log lock, after reading every
         record: a stager that named one just before finds it gone when it settles, and writes
-        it again (storage/blobs.py)."""
+        it again (storage/blobs.py). The store is scanned for blobs past the grace period
+        before the lock is taken, so that the lock is held for what may be garbage, not for a
+        walk of every blob (100,000 blobs held every append back 0.3 s on tmpfs)."""
         layout = self.layout
         now_s = time.time()
         bin_dir = os.path.join(layout.trash, f"gc-{os.getpid()}-{os.urandom(4).hex()}")
         os.makedirs(bin_dir, exist_ok=True)
+        old = self._old_blobs(now_s)
         blobs = 0
         with self.journal.log.lock:
             self.journal.refresh()
             live = {name for tx in self.journal.txs.values() if tx.state not in FINISHED
                     for op in tx.ops for name in named_blobs(op) if name}
-            for fan in os.scandir(layout.objects):
-                if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
+            for path in old:
+                name = os.path.basename(path)
+                if name in live:
                     continue
-                for entry in os.scandir(fan.path):
-                    if entry.name in live or now_s - entry.stat().st_ctime < BLOB_GRACE_S:
+                try:  # made again since the scan (another collector took it)? then it is new
+                    if now_s - os.stat(path).st_ctime < BLOB_GRACE_S:
                         continue
-                    os.rename(entry.path, os.path.join(bin_dir, entry.name))
-                    blobs += 1
+                    os.rename(path, os.path.join(bin_dir, name))
+                except FileNotFoundError:
+                    continue
+                blobs += 1
         preimages = 0
         latest = self.latest_committed(UNDO_KEEP)
         for entry in os.scandir(layout.preimages):
@@ -91,6 +97,21 @@ class Compaction:
         with open(layout.gc_stamp, "w"):
             pass
         return {"blobs_collected": blobs, "preimages_collected": preimages}
+
+    def _old_blobs(self, now_s: float) -> list[str]:
+        """The paths of the blobs older than the grace period (named or not: that is judged
+        under the lock)."""
+        out = []
+        for fan in os.scandir(self.layout.objects):
+            if len(fan.name) != 2 or not fan.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(fan.path):
+                try:
+                    if now_s - entry.stat().st_ctime >= BLOB_GRACE_S:
+                        out.append(entry.path)
+                except FileNotFoundError:
+                    continue
+        return out
 
     def latest_committed(self, n: int) -> set[str]:
         """The tids of the ``n`` latest committed transactions (log and history)."""

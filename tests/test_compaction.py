@@ -160,3 +160,28 @@ def test_garbage_collection_walks_the_store_outside_the_log_lock(tmp_path, monke
     assert out["blobs_collected"] == 3  # the aborted ones'
     assert live.commit()["state"] == "committed"
     assert (tmp_path / "pending.txt").read_text() == "still needed\n"
+
+
+def test_a_sweeper_emptying_trash_meanwhile_does_not_fail_the_collection(tmp_path, monkeypatch):
+    # Another collection's background sweeper empties trash/, the folder this collection is
+    # filling included (seen in CI: FileNotFoundError from the collection's last rmdir).
+    from agent_2pc.storage.scratch import empty
+
+    client = Agent2PC.init(tmp_path)
+    for i in range(4):
+        tx = client.begin()
+        tx.stage_write(f"f{i}.txt", f"content {i}\n")
+        tx.abort()
+    monkeypatch.setattr(compaction_mod, "BLOB_GRACE_S", 0.0)
+    trash = str(tmp_path / ".agent-tx" / "trash")
+    real = compaction_mod.Compaction._old_blobs
+
+    def old_blobs_then_a_sweep(self, now_s):  # type: ignore[no-untyped-def]
+        out = real(self, now_s)
+        empty(trash)
+        return out
+
+    monkeypatch.setattr(compaction_mod.Compaction, "_old_blobs", old_blobs_then_a_sweep)
+    assert client.compact()["blobs_collected"] == 4
+    empty(trash)
+    assert client.compact()["blobs_collected"] == 0  # and nothing left to fail on

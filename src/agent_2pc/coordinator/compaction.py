@@ -76,10 +76,9 @@ class Compaction:
                 try:  # made again since the scan (another collector took it)? then it is new
                     if now_s - os.stat(path).st_ctime < BLOB_GRACE_S:
                         continue
-                    os.rename(path, os.path.join(bin_dir, name))
                 except FileNotFoundError:
                     continue
-                blobs += 1
+                blobs += _to_bin(path, bin_dir, name)
         preimages = 0
         latest = self.latest_committed(UNDO_KEEP)
         for entry in os.scandir(layout.preimages):
@@ -87,13 +86,15 @@ class Compaction:
             if tid in latest or self.journal.live(tid):
                 continue
             if now_s - entry.stat().st_ctime >= PREIMAGE_RETENTION_S:
-                os.rename(entry.path, os.path.join(bin_dir, "pre-" + entry.name))
-                preimages += 1
+                preimages += _to_bin(entry.path, bin_dir, "pre-" + entry.name)
         self.sweep_scratch()
         if blobs or preimages:
             sweep_in_background(layout.trash)
         else:
-            os.rmdir(bin_dir)
+            try:
+                os.rmdir(bin_dir)
+            except FileNotFoundError:
+                pass  # a sweeper emptying trash/ took it
         with open(layout.gc_stamp, "w"):
             pass
         return {"blobs_collected": blobs, "preimages_collected": preimages}
@@ -152,3 +153,18 @@ class Compaction:
                     os.unlink(os.path.join(layout.objects_tmp, name))
                 except FileNotFoundError:
                     pass
+
+
+def _to_bin(path: str, bin_dir: str, name: str) -> int:
+    """Move ``path`` into this collection's folder of trash/ (1), or 0 when it is gone. A
+    sweeper that another collection started empties trash/, this folder included: it is
+    made again."""
+    for _ in range(2):
+        try:
+            os.rename(path, os.path.join(bin_dir, name))
+            return 1
+        except FileNotFoundError:
+            if not os.path.lexists(path):
+                return 0
+            os.makedirs(bin_dir, exist_ok=True)
+    return 0

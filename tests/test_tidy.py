@@ -43,7 +43,7 @@ DURABLE_HOME = "storage/durable.py"
 DURABLE_EXCEPTIONS = {
     "storage/scratch.py": (1, "moves a scratch directory into trash/ to delete it later"),
     "isolation/_remove.py": (2, "moves a big tree aside into trash/ before deleting it"),
-    "coordinator/compaction.py": (2, "compaction moves unreferenced blobs and pre-images into "
+    "coordinator/compaction.py": (1, "compaction moves unreferenced blobs and pre-images into "
                                  "trash/"),
     "coordinator/kept.py": (1, "publishes what a failed exec session kept aside, in the "
                                "transaction's scratch, which a crash may lose"),

@@ -65,14 +65,16 @@ class FileLock:
         flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if self._create else 0)
         return os.open(self.path, flags, 0o644)
 
-    def _lock(self, fd: int, take: bool) -> None:
-        """Take (without waiting: BlockingIOError when it is held) or drop the lock on ``fd``."""
+    def _lock(self, fd: int, take: bool, wait: bool = False) -> None:
+        """Take (without waiting: BlockingIOError when it is held; ``wait``: blocked until it
+        is free) or drop the lock on ``fd``."""
         if self.offset is None:
-            fcntl.flock(fd, _FLOCK_TAKE if take else fcntl.LOCK_UN)
+            fcntl.flock(fd, (fcntl.LOCK_EX if wait else _FLOCK_TAKE) if take else fcntl.LOCK_UN)
             return
         kind = fcntl.F_WRLCK if take else fcntl.F_UNLCK
         try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, self.offset, 1, 0))
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK,
+                        _FLOCK.pack(kind, os.SEEK_SET, self.offset, 1, 0))
         except OSError as exc:
             if exc.errno in (errno.EAGAIN, errno.EACCES):
                 raise BlockingIOError(exc.errno, "locked") from None
@@ -132,9 +134,9 @@ class FileLock:
 
         if not self._mutex.acquire(timeout=max(0.0, deadline - time.monotonic())):
             return False
-        if self._depth:  # taken by this thread meanwhile? (reentrant)
-            self._depth += 1
-            return True
+        # Not this thread's already (try_acquire would have taken it again), and a thread
+        # that held it released it whole before its mutex.
+        assert not self._depth
         try:
             fd = self._open()
         except BaseException:
@@ -146,11 +148,7 @@ class FileLock:
 
         def wait() -> None:
             try:
-                if self.offset is None:
-                    fcntl.flock(fd, fcntl.LOCK_EX)
-                else:
-                    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW,
-                                _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, self.offset, 1, 0))
+                self._lock(fd, True, wait=True)
             except OSError as exc:
                 state["error"] = exc
             with guard:

@@ -73,6 +73,18 @@ def changed_in(repo: Path, commit: str) -> list[str]:
     return git(repo, "show", "--format=", "--name-status", commit).split("\n")[:-1]
 
 
+def wait_for_dead_coordinators_git(repo: Path) -> None:
+    """A coordinator killed while holding the branch leaves its ``git update-ref --stdin``
+    (git/reftx.py) running a moment: git aborts the transaction when it reads end of input and
+    only then removes its locks, main.lock and HEAD.lock (HEAD's log is updated with main).
+    Wait (at most 10 s) for both to go."""
+    locks = [repo / ".git" / "refs" / "heads" / "main.lock", repo / ".git" / "HEAD.lock"]
+    deadline = time.monotonic() + 10
+    while any(lock.exists() for lock in locks):
+        assert time.monotonic() < deadline, "a lock outlived the crashed git-commit"
+        time.sleep(0.02)
+
+
 def assert_fsck_clean(repo: Path) -> None:
     git(repo, "fsck", "--no-dangling", "--strict")
 
@@ -228,6 +240,7 @@ def test_a_branch_moved_after_the_decision_is_left_and_reported_diverged(tmp_pat
     proc = cli(repo, "git-commit", "--tid", tid, "-m", "crashing",
                env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
     assert proc.returncode == 137
+    wait_for_dead_coordinators_git(repo)
     git(repo, "commit", "-q", "-m", "someone moved main")  # after the decision
     moved = head(repo)
     out = json.loads(cli(repo, "recover").stdout)
@@ -307,11 +320,7 @@ def test_a_crash_holding_the_ref_lock_leaves_no_lock_behind(tmp_path: Path) -> N
     proc = cli(repo, "git-commit", "--tid", tid, "-m", "crashing",
                env={"AGENT2PC_CRASH_AT": "git.after_lock"})
     assert proc.returncode == 137
-    lock = repo / ".git" / "refs" / "heads" / "main.lock"
-    deadline = time.monotonic() + 10  # git ends its transaction on end of input
-    while lock.exists():
-        assert time.monotonic() < deadline, "main.lock outlived the crashed git-commit"
-        time.sleep(0.02)
+    wait_for_dead_coordinators_git(repo)
     git(repo, "commit", "-q", "-m", "the user can commit again")
 
 
@@ -349,8 +358,9 @@ def test_a_locked_ref_at_apply_leaves_it_committing_and_recover_finishes_it_late
     proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
                env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
     assert proc.returncode == 137
+    wait_for_dead_coordinators_git(repo)  # else its removal of main.lock would take ours
     lock = repo / ".git" / "refs" / "heads" / "main.lock"
-    lock.write_bytes(b"")  # a git process is updating main
+    os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # a git process updates main
     cli(repo, "recover")
     assert head(repo) == old
     status = cli(repo, "status", "--tid", tid)
@@ -363,6 +373,60 @@ def test_a_locked_ref_at_apply_leaves_it_committing_and_recover_finishes_it_late
     assert git(repo, "rev-parse", "main^").strip() == old
     assert (repo / "a.txt").read_text() == "A changed\n"
     assert_fsck_clean(repo)
+
+
+def test_recover_waits_for_the_ref_locks_a_dead_coordinators_git_is_still_removing(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
+               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
+    assert proc.returncode == 137
+    wait_for_dead_coordinators_git(repo)
+    # What a slow host shows: the killed coordinator's git has not removed its locks yet.
+    locks = [repo / ".git" / "refs" / "heads" / "main.lock", repo / ".git" / "HEAD.lock"]
+    for lock in locks:
+        os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+    recover = subprocess.Popen([sys.executable, "-m", "agent_2pc", "--root", str(repo),
+                                "recover", "--json"], stdout=subprocess.PIPE, text=True)
+    time.sleep(0.6)  # git waits up to 100 ms by default
+    assert recover.poll() is None, "recover did not wait for the branch's lock"
+    for lock in locks:
+        lock.unlink()
+    out = json.loads(recover.communicate(timeout=60)[0])
+    assert tid in out["rolled_forward"] and recover.returncode == 0, out
+    assert git(repo, "rev-parse", "main^").strip() == old
+    assert Agent2PC(repo).status(tid)["transactions"][0]["state"] == "committed"
+    assert_fsck_clean(repo)
+
+
+def test_a_stuck_redo_is_retried_by_later_commits_only_after_its_back_off(
+        tmp_path: Path) -> None:
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
+               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
+    assert proc.returncode == 137
+    wait_for_dead_coordinators_git(repo)
+    lock = repo / ".git" / "refs" / "heads" / "main.lock"
+    os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # stale: a git killed hard
+    started = time.monotonic()
+    client = Agent2PC(repo, daemon=False)  # its start-up redo waits 1 s for the lock, fails
+    assert time.monotonic() - started >= 1.0
+    for n in range(3):  # each commit finishes dead transactions first: not this one yet
+        started = time.monotonic()
+        tx = client.begin()
+        tx.stage_write(f"other{n}.txt", "x\n")
+        tx.commit()
+        assert time.monotonic() - started < 0.9, "a commit waited on the stuck redo's lock"
+    assert head(repo) == old
+    lock.unlink()
+    out = client.recover()  # recover retries at once
+    assert tid in out["rolled_forward"]
+    assert client.status(tid)["transactions"][0]["state"] == "committed"
+    client.close()
 
 
 def test_a_symbolic_link_is_committed_as_a_link_and_an_empty_directory_not_at_all(

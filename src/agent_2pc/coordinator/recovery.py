@@ -9,6 +9,8 @@ alone.
 
 from __future__ import annotations
 
+import time
+
 from ..core import recovery as plans
 from ..core.records import now_ms
 from ..core.states import COMMITTED, FINISHED, Tx
@@ -25,6 +27,14 @@ if TYPE_CHECKING:
     from .twophase import TwoPhase
 
 
+# A redo that failed (a lock, a database out of reach) is tried again by the commands that
+# finish dead transactions on their way (start-up, a commit, the daemon's reaper) only after a
+# back-off: 1 s, doubled at each failure up to a minute. A failure can cost its wait (a ref lock
+# is waited for 1 s, git/run.py), under the commit lock. ``recover`` always tries at once.
+RETRY_FIRST_S = 1.0
+RETRY_MAX_S = 60.0
+
+
 def _nothing_recovered() -> dict[str, list[str]]:
     return {"rolled_forward": [], "rolled_back": [], "diverged": []}
 
@@ -38,6 +48,7 @@ class Recovery:
         # last report: recover() reports it too.
         self._recovered = _nothing_recovered()
         self._truncation_reported = 0
+        self._retry: dict[str, tuple[float, float]] = {}  # tid -> (not before, back-off)
 
     def plan_one(self, tx: Tx, alive: bool) -> plans.Action:
         acts = plans.plan([tx], now_ms=now_ms(), boot=self.journal.boot, alive=lambda _: alive,
@@ -77,15 +88,20 @@ class Recovery:
         finally:
             commit_lock.release()
 
-    def finish_dead_locked(self, include_active: bool = False) -> None:
+    def finish_dead_locked(self, include_active: bool = False, now: bool = False) -> None:
         """Finish every transaction whose worker died (the caller holds the commit lock);
-        with ``include_active``, abort the stale active ones too."""
+        with ``include_active``, abort the stale active ones too; with ``now``, retry failed
+        redos without their back-off."""
         journal = self.journal
         journal.refresh()
+        for tid in [tid for tid in self._retry if tid not in journal.txs]:
+            del self._retry[tid]  # finished elsewhere
         actions = plans.plan(list(journal.txs.values()), now_ms=now_ms(), boot=journal.boot,
                              alive=journal.alive, include_active=include_active)
         for act in actions:
             lock = journal.tx_lock(act.tid)
+            if not now and time.monotonic() < self._retry.get(act.tid, (0.0, 0.0))[0]:
+                continue  # still in self.twophase.stuck, and reported as such
             if lock.held or not lock.try_acquire():
                 continue  # somebody is working on it right now
             try:
@@ -110,8 +126,11 @@ class Recovery:
             # Left 'committing' for recover to retry: the other transactions, and the
             # command that opened the workspace, go on.
             self.twophase.stuck[tid] = self.twophase.incomplete(tx, exc).details
+            wait = min(self._retry.get(tid, (0.0, RETRY_FIRST_S / 2))[1] * 2, RETRY_MAX_S)
+            self._retry[tid] = (time.monotonic() + wait, wait)
             return
         self.twophase.stuck.pop(tid, None)
+        self._retry.pop(tid, None)
         tx = journal.txs[tid]
         key = "rolled_forward" if tx.state == COMMITTED else "rolled_back"
         self._recovered[key].append(tid)
@@ -127,7 +146,7 @@ class Recovery:
                 journal.refresh()  # under the log lock: repairs a torn tail
             finally:
                 journal.log.lock.release()
-            self.finish_dead_locked(include_active=True)
+            self.finish_dead_locked(include_active=True, now=True)
             self.compaction.sweep_scratch()
 
     def report(self, views_removed: dict[str, int]) -> dict[str, Any]:

@@ -15,6 +15,17 @@ if TYPE_CHECKING:
 
 GIT_TIMEOUT_S = 60.0
 
+# How long a redo of a ref update (participants/git.py move_ref) waits for a ref lock another
+# process holds; git's own default is 100 ms, and prepare keeps it (it holds the commit lock).
+# git holds a ref lock for milliseconds, but a coordinator killed while holding a branch
+# (git/reftx.py) leaves its git running a moment longer: that git removes main.lock and
+# HEAD.lock only after it reads end of input, later still on a loaded host. A recover started at
+# once should wait for that rather than report the branch locked. The price: while a stale
+# lock (a git killed hard) stays, each command that retries the redo waits 1 s for it.
+# Pass as ``git_env(**REF_LOCK_WAIT)``.
+REF_LOCK_WAIT = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.filesRefLockTimeout",
+                 "GIT_CONFIG_VALUE_0": "1000"}
+
 # What git itself clears before it works in another repository (``git rev-parse
 # --local-env-vars``): a caller's GIT_DIR or GIT_INDEX_FILE must not redirect us. The user's
 # global configuration (HOME, GIT_CONFIG_GLOBAL) stays: core.hooksPath may be set there.

@@ -459,11 +459,12 @@ def build_commit(root: str, scratch: str, tx: Tx, request: dict[str, Any], old: 
 def move_ref(root: str, decided: dict[str, Any], tid: str) -> bool:
     """Compare-and-swap the ref from OLD to NEW; True when it is at NEW now, False when someone
     moved it elsewhere (left as it is)."""
-    from ..git.run import GitError, run
+    from ..git.run import REF_LOCK_WAIT, GitError, git_env, run
 
     ref, old, new = decided["ref"], decided["old"], decided["new"]
     try:
-        run(["update-ref", "-m", f"agent-2pc git-commit {tid}", ref, new, old], root)
+        run(["update-ref", "-m", f"agent-2pc git-commit {tid}", ref, new, old], root,
+            env=git_env(**REF_LOCK_WAIT))
         return True
     except GitError:
         now = _git(["rev-parse", "-q", "--verify", ref], root, check=False)

@@ -198,6 +198,26 @@ def test_stage_write_file_refuses_a_text_file_object_and_stages_nothing(tmp_path
     assert os.listdir(client.engine.blobs.tmp_dir) == []
 
 
+def test_stage_write_file_of_a_path_it_cannot_read_is_a_usage_error_that_stages_nothing(
+        tmp_path: Path) -> None:
+    from agent_2pc.errors import UsageError
+
+    ws, elsewhere = tmp_path / "ws", tmp_path / "elsewhere"
+    ws.mkdir()
+    elsewhere.mkdir()
+    client = Agent2PC.init(ws)
+    tx = client.begin()
+    (elsewhere / "a-dir").mkdir()
+    for source, why in ((elsewhere / "missing.bin", "No such file"),
+                        (elsewhere / "a-dir", "it is a directory"),
+                        (str(elsewhere / ("x" * 300)), "File name too long")):
+        with pytest.raises(UsageError, match=why) as err:
+            tx.stage_write_file("a.bin", source)
+        assert err.value.code == "usage" and str(source) in str(err.value)
+    assert tx.status()["ops"] == 0 and not (ws / "a.bin").exists()
+    assert os.listdir(client.engine.blobs.tmp_dir) == []
+
+
 # --- a large file is copied by the kernel while a thread hashes the copy (blobs.put_fd) ------
 
 def staged_blob(client: Agent2PC, tid: str, path: str) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UsageError
+from ..sources import open_source
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -18,19 +19,7 @@ if TYPE_CHECKING:
     from ..errors import Agent2PCError
 
 
-def open_source(path: str, what: str = "") -> int:
-    """Open an input file (content, patch, manifest, JSON): a bad one is a usage error."""
-    import stat
-
-    name = f"{what} from {path}" if what else path
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise UsageError(f"cannot read {name}: {exc.strerror}", path=path) from None
-    if stat.S_ISDIR(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"cannot read {name}: it is a directory", path=path)
-    return fd
+__all__ = ["open_source", "read_input", "load_json"]
 
 
 def read_input(path: str, what: str = "", limit: int | None = None) -> bytes:

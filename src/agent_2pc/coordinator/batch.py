@@ -33,7 +33,6 @@ from ..errors import (
     InvalidManifest,
     IoFailed,
     TransactionAborted,
-    UsageError,
 )
 from ..participants.api import http_call
 from .paths import check_path_text, resolve, resolve_dir
@@ -354,17 +353,11 @@ def _check_paths(root: str, steps: list[dict[str, Any]]) -> None:
 def _execute(tx: Transaction, kind: str, intent: dict[str, Any], left_ms: int | None
              ) -> dict[str, Any]:
     if kind == "fs_write":
-        if "content_file" in intent:  # streamed, as stage-write --from-file
-            source = intent["content_file"]
-            try:
-                fd = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as exc:  # gone or changed since the manifest was checked
-                raise UsageError(f"cannot read {source}: {exc.strerror}", path=source) from None
-            try:
-                return tx.stage_write_file(intent["path"], fd, mode=intent.get("mode"),
-                                           create_dirs=intent.get("create_dirs", True))
-            finally:
-                os.close(fd)
+        if "content_file" in intent:  # streamed, as stage-write --from-file; a file gone
+            # since the manifest was checked is a usage error (sources.py)
+            return tx.stage_write_file(intent["path"], intent["content_file"],
+                                       mode=intent.get("mode"),
+                                       create_dirs=intent.get("create_dirs", True))
         data = intent["content_base64"] if "content_base64" in intent else \
             intent["content"].encode("utf-8")
         return tx.stage_write(intent["path"], data, mode=intent.get("mode"),

@@ -242,7 +242,7 @@ class Transaction:
         """Stage the content of a file (a path, a binary file object, or an open descriptor,
         read from where it stands to its end and left open), streamed: never held whole in
         memory, hashed once while it is written. ``mode`` and ``create_dirs`` as for
-        ``stage_write``."""
+        ``stage_write``. A path that cannot be read (missing, a directory): UsageError."""
 
         def staged(fd: int) -> dict[str, Any]:
             return self._engine.stage_write(self.tid, path, src_fd=fd, mode=mode,
@@ -251,7 +251,9 @@ class Transaction:
         if isinstance(source, int):
             return staged(source)
         if isinstance(source, (str, os.PathLike)):
-            fd = os.open(os.fspath(source), os.O_RDONLY | os.O_CLOEXEC)
+            from ..sources import open_source
+
+            fd = open_source(os.fspath(source))
             try:
                 return staged(fd)
             finally:

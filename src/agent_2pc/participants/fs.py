@@ -846,8 +846,8 @@ class FileParticipant:
         when the blob must stay (``objects/tmp/claim-<tid>-<k>``, kept across a crash; unsynced
         in a ``batch``; a spare copy of exec's capture where there is one)."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
-        if os.path.exists(claim) and not (redo and not _intact(claim, digest)):
-            return claim  # made by an earlier, interrupted run of this apply
+        if redo and _intact(claim, digest):  # only a redo can find one: the first run of an
+            return claim  # apply made it, and was interrupted
         if not copy:
             return self.blobs.path(digest)
         if spares and _take_spare(spares, digest, claim):
@@ -863,8 +863,8 @@ class FileParticipant:
         must stay (``copy``) or, in a redo (``check``), it is missing or damaged: then a
         synced copy written from the decision."""
         claim = os.path.join(self.blobs.tmp_dir, f"claim-{tid}-{k}")
-        if os.path.exists(claim) and not (check and not _intact(claim, digest)):
-            return claim, False  # made by an earlier, interrupted run of this apply
+        if check and _intact(claim, digest):  # as in _source: only a redo can find one
+            return claim, False
         if not copy:
             path = self.blobs.path(digest)
             if not check:

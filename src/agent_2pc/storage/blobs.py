@@ -160,8 +160,14 @@ def _stream(src: int, dst: int, h: Any, follower: Follower | None, size: int) ->
             kicked = size
 
 
+_token: list[tuple[int, str]] = []  # (pid, random suffix): drawn once per process, not per name
+
+
 def _tmp_name() -> str:
-    return f"{os.getpid()}-{next(_counter)}-{os.urandom(4).hex()}"
+    pid = os.getpid()
+    if not _token or _token[0][0] != pid:  # first use, or a forked child
+        _token[:] = [(pid, os.urandom(4).hex())]
+    return f"{pid}-{next(_counter)}-{_token[0][1]}"
 
 
 class Pending:
@@ -178,7 +184,7 @@ class Pending:
     def settle(self) -> None:
         """Make sure the blob exists now that a record names it (it may have been moved away
         by a commit, or collected, between our check and our append)."""
-        present = self.store.has(self.digest, self.size)
+        present = self.store.has(self.digest, self.size, likely=True)
         if self._tmp is not None:
             if present:
                 os.unlink(self._tmp)
@@ -224,11 +230,12 @@ class BlobStore:
             raise BlobCorrupt(str(digest), "not a blob name")
         return os.path.join(self.dir, digest[:2], digest)
 
-    def has(self, digest: str, size: int) -> bool:
-        """Is the blob there with the right size? (A crash can leave a short one behind.)"""
+    def has(self, digest: str, size: int, likely: bool = False) -> bool:
+        """Is the blob there with the right size? (A crash can leave a short one behind.)
+        ``likely``: the caller expects it there (one system call then, not two)."""
         path = self.path(digest)
-        if not os.access(path, os.F_OK, effective_ids=True):  # new content's usual answer,
-            return False  # with no exception raised and caught to get it
+        if not likely and not os.access(path, os.F_OK, effective_ids=True):  # new content's
+            return False  # usual answer, with no exception raised and caught to get it
         try:
             st = os.stat(path)
         except FileNotFoundError:

@@ -109,3 +109,45 @@ def test_the_poll_alone_is_still_there_to_compare(tmp_path):
                           "print(locks._KERNEL_WAIT)"], env=env, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_live_transactions_lock_object_is_not_dropped_from_the_cache_between_look_up_and_use(
+        tmp_path, monkeypatch):
+    """A daemon's request thread looks up the transaction's lock object, takes it, then runs
+    the step, which looks it up again: if the cache (bounded) dropped the object in between,
+    the step got a second object for the tid, whose byte lock waited on the first's hold --
+    the thread on itself -- until Busy (seen with 100 agents through the daemon: "timed out
+    after 120 s waiting for transaction ...")."""
+    from agent_2pc import Agent2PC
+    from agent_2pc.coordinator import journal as journal_mod
+
+    monkeypatch.setattr(journal_mod, "TX_LOCKS_CACHED_MAX", 2)
+    monkeypatch.setattr(locks, "LOCK_TIMEOUT_S", 2.0)
+    client = Agent2PC.init(tmp_path)
+    client.close()
+    client = Agent2PC(tmp_path, daemon=False)
+    journal = client.engine.journal
+    tx = client.begin()
+    mine = journal.tx_lock(tx.tid)  # what the request thread holds on to
+    others = [client.begin() for _ in range(3)]
+    for other in others:
+        journal.tx_lock(other.tid)  # the cache fills up: the finished ones may go
+    others[0].commit()
+    for other in others[1:]:
+        other.abort("done")
+    for _ in range(3):
+        journal.tx_lock(f"tx-20261203-000000-00000{_}")  # more look-ups past the bound
+    mine.acquire()
+    try:
+        started = time.monotonic()
+        tx.stage_write("a.txt", "a\n")  # the step looks its lock up again
+        assert time.monotonic() - started < 1.0
+        assert journal.tx_lock(tx.tid) is mine
+    finally:
+        mine.release()
+    tx.commit()
+    assert (tmp_path / "a.txt").read_text() == "a\n"
+    for i in range(50):  # nothing live: the cache stays bounded
+        journal.tx_lock(f"tx-20261203-000001-{i:06d}")
+    assert len(journal._tx_locks) <= 8  # noqa: SLF001
+    client.close()

@@ -56,6 +56,7 @@ class Journal:
         self.txs: dict[str, Tx] = {}
         self._mutex = RLock()
         self._tx_locks: dict[str, FileLock] = {}
+        self._tx_locks_max = TX_LOCKS_CACHED_MAX  # doubled past the live ones it must keep
         self._ends: dict[str, int] = {}  # finished tid -> its place in the log's end records
         self.history = Store(layout.history, layout.history_head)
 
@@ -209,8 +210,14 @@ class Journal:
         description, other processes)."""
         lock = self._tx_locks.get(tid)
         if lock is None:
-            if len(self._tx_locks) >= TX_LOCKS_CACHED_MAX:
-                self._tx_locks = {t: lk for t, lk in self._tx_locks.items() if lk.held}
+            if len(self._tx_locks) >= self._tx_locks_max:
+                # Only a finished transaction's object goes. A live one's may be in a caller's
+                # hands between this look-up and its acquire (a daemon's request thread takes
+                # it, then runs the step, which looks it up again): a second object for the
+                # tid would wait on the first one's hold, the thread on itself, until Busy.
+                self._tx_locks = {t: lk for t, lk in self._tx_locks.items()
+                                  if lk.held or t in self.txs}
+                self._tx_locks_max = max(TX_LOCKS_CACHED_MAX, 2 * len(self._tx_locks))
             lock = self._tx_locks[tid] = FileLock(self.layout.txlocks, offset=byte_for(tid))
         return lock
 

@@ -127,7 +127,8 @@ def test_the_sweep_never_takes_a_copy_that_a_transaction_it_does_not_know_is_app
         assert copy.exists()
     finally:
         lock.release()
-    sweeper.engine.compaction.sweep_scratch()  # no holder now: left by a dead run
+    applier.get(tid).abort("done")
+    sweeper.engine.compaction.sweep_scratch()  # finished, no holder: left by a dead run
     assert not copy.exists()
     sweeper.close()
     applier.close()
@@ -185,3 +186,39 @@ def test_a_sweeper_emptying_trash_meanwhile_does_not_fail_the_collection(tmp_pat
     assert client.compact()["blobs_collected"] == 4
     empty(trash)
     assert client.compact()["blobs_collected"] == 0  # and nothing left to fail on
+
+
+def test_the_sweep_never_takes_the_scratch_of_an_exec_begun_after_its_picture_of_the_log(
+        tmp_path):
+    """``recover`` in one process swept ``tx/<tid>/`` of a transaction that another process
+    had begun since the sweeper last read the log, while that process's exec ran its command
+    there (the view's scratch: the exec failed, FileNotFoundError on its status file; seen with
+    agents calling ``recover`` beside others' ``exec``). The scratch of a transaction the log
+    names as live is kept; a dead one's still goes."""
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    sweeper = Agent2PC.init(tmp_path)  # its picture of the log: before the transaction
+    tid = Agent2PC(tmp_path).begin().tid
+    runner = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""\
+        import sys
+        from agent_2pc import Agent2PC
+        tx = Agent2PC(sys.argv[1], daemon=False).get(sys.argv[2])
+        out = tx.exec(["sh", "-c", "sleep 1.5; echo made > made.txt"])
+        print(out["exit_code"])
+        """), str(tmp_path), tid], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scratch = tmp_path / ".agent-tx" / "tx" / tid
+    deadline = time.monotonic() + 30
+    while not any(p.name.startswith("view-") for p in scratch.glob("*")):
+        assert time.monotonic() < deadline and runner.poll() is None, runner.communicate()
+        time.sleep(0.02)
+    sweeper.engine.compaction.sweep_scratch()
+    out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 0 and out.strip() == "0", err[-2000:]
+    assert Agent2PC(tmp_path).get(tid).status()["ops"] == 1
+    Agent2PC(tmp_path).get(tid).abort("done")
+    sweeper.engine.compaction.sweep_scratch()  # finished now: its scratch goes
+    assert not scratch.exists()
+    sweeper.close()

@@ -135,6 +135,10 @@ class Compaction:
             names = os.listdir(layout.tx)
         except FileNotFoundError:
             names = []
+        # Read the log again after the listing: a transaction whose scratch is listed was begun
+        # before (its begin record precedes its tx dir), maybe after our last look, and an
+        # exec may be running its command there without holding the transaction's lock.
+        self.journal.refresh()
         for name in names:
             if not self.journal.live(name) and self.journal.tx_lock(name).is_free():
                 discard(layout.tx_dir(name), layout.trash)

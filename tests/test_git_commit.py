@@ -314,6 +314,26 @@ def test_after_the_yes_vote_no_git_process_can_move_the_branch(tmp_path: Path) -
     assert_fsck_clean(repo)
 
 
+def test_an_index_lock_held_a_moment_by_another_git_is_waited_for_not_refused(
+        tmp_path: Path) -> None:
+    """Another agent's git-commit updates the user's index (``git reset``) holding index.lock
+    for milliseconds: a git-commit staged meanwhile waits for it (up to 1 s) rather than
+    refusing with ``usage`` (seen with agents committing to one repository at once)."""
+    import threading
+
+    repo = make_repo(tmp_path)
+    tid = stage_change(repo)
+    tx = Agent2PC(repo).get(tid)
+    lock = repo / ".git" / "index.lock"
+    lock.write_bytes(b"")
+    started = time.monotonic()
+    threading.Timer(0.3, lock.unlink).start()
+    out = tx.git_commit("after the lock")
+    assert time.monotonic() - started >= 0.3
+    assert head(repo) == out["commit"] and not lock.exists()
+    assert_fsck_clean(repo)
+
+
 def test_a_crash_holding_the_ref_lock_leaves_no_lock_behind(tmp_path: Path) -> None:
     repo = make_repo(tmp_path)
     tid = stage_change(repo)

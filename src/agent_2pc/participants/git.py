@@ -271,10 +271,28 @@ def _check_author(author: Any) -> str | None:
     return author
 
 
+# git holds index.lock for milliseconds (another agent's git-commit updating the user's index,
+# update_user_index below, takes it too); a person's `git commit` with its editor open, for as
+# long as the editor is. Staging waits this long for it to go before it refuses.
+INDEX_LOCK_WAIT_S = 1.0
+
+
+def _still_there(path: str, wait_s: float) -> bool:
+    """Does ``path`` exist, and still after up to ``wait_s`` seconds?"""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while os.path.exists(path):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.01)
+    return False
+
+
 def repository(root: str, index_free: bool = True) -> dict[str, str]:
     """{git_dir, common_dir, prefix, top} of the work tree at ``root`` (one git process);
     UsageError when there is none, when it is bare, or (``index_free``) when its index is
-    locked."""
+    locked (still, after INDEX_LOCK_WAIT_S)."""
     from ..git.run import GitError
 
     try:
@@ -288,7 +306,7 @@ def repository(root: str, index_free: bool = True) -> dict[str, str]:
         lines.insert(2, "")
     git_dir, common, prefix, top = lines
     index_lock = os.path.join(git_dir, "index.lock")
-    if index_free and os.path.exists(index_lock):
+    if index_free and _still_there(index_lock, INDEX_LOCK_WAIT_S):
         raise UsageError(f"{index_lock} exists: another git process is working in this "
                          "repository (or one crashed: remove the file if none is running)",
                          root=root)

@@ -690,6 +690,7 @@ def main() -> None:
                     help="(b): every file of its own content (else all the same 121 bytes)")
     ap.add_argument("--unbatched-max", type=int, default=5000,
                     help="(b): run the unbatched variant (an fsync per file) up to this size")
+    ap.add_argument("--agents", help="(d): these agent counts instead, e.g. 1,100")
     ap.add_argument("--save", action="store_true",
                     help="also write the JSON to benchmarks/results/ (committed src/ only)")
     args = ap.parse_args()
@@ -698,6 +699,8 @@ def main() -> None:
                 distinct=args.distinct, tree_runs=args.tree_runs)
     if args.tree:
         mode["tree"] = [int(x) for x in args.tree.split(",")]
+    if args.agents:
+        mode["agents"] = [int(x) for x in args.agents.split(",")]
     python = C.venv_python()
     env = C.bytecode_env(python)
     C.warm_bytecode(python, env)

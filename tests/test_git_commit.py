@@ -85,6 +85,19 @@ def wait_for_dead_coordinators_git(repo: Path) -> None:
         time.sleep(0.02)
 
 
+def killed_after_the_decision(tmp_path: Path) -> tuple[Path, str, str]:
+    """A repository whose git-commit was killed once its commit decision was durable (nothing
+    applied), the dead coordinator's git gone: (repo, the branch's commit before, tid)."""
+    repo = make_repo(tmp_path)
+    old = head(repo)
+    tid = stage_change(repo)
+    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
+               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
+    assert proc.returncode == 137
+    wait_for_dead_coordinators_git(repo)  # else its removal of main.lock could take ours
+    return repo, old, tid
+
+
 def assert_fsck_clean(repo: Path) -> None:
     git(repo, "fsck", "--no-dangling", "--strict")
 
@@ -372,13 +385,7 @@ def test_a_workspace_outside_git_is_a_usage_error(tmp_path: Path) -> None:
 
 def test_a_locked_ref_at_apply_leaves_it_committing_and_recover_finishes_it_later(
         tmp_path: Path) -> None:
-    repo = make_repo(tmp_path)
-    old = head(repo)
-    tid = stage_change(repo)
-    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
-               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
-    assert proc.returncode == 137
-    wait_for_dead_coordinators_git(repo)  # else its removal of main.lock would take ours
+    repo, old, tid = killed_after_the_decision(tmp_path)
     lock = repo / ".git" / "refs" / "heads" / "main.lock"
     os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # a git process updates main
     cli(repo, "recover")
@@ -397,13 +404,7 @@ def test_a_locked_ref_at_apply_leaves_it_committing_and_recover_finishes_it_late
 
 def test_recover_waits_for_the_ref_locks_a_dead_coordinators_git_is_still_removing(
         tmp_path: Path) -> None:
-    repo = make_repo(tmp_path)
-    old = head(repo)
-    tid = stage_change(repo)
-    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
-               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
-    assert proc.returncode == 137
-    wait_for_dead_coordinators_git(repo)
+    repo, old, tid = killed_after_the_decision(tmp_path)
     # What a slow host shows: the killed coordinator's git has not removed its locks yet.
     locks = [repo / ".git" / "refs" / "heads" / "main.lock", repo / ".git" / "HEAD.lock"]
     for lock in locks:
@@ -423,13 +424,7 @@ def test_recover_waits_for_the_ref_locks_a_dead_coordinators_git_is_still_removi
 
 def test_a_stuck_redo_is_retried_by_later_commits_only_after_its_back_off(
         tmp_path: Path) -> None:
-    repo = make_repo(tmp_path)
-    old = head(repo)
-    tid = stage_change(repo)
-    proc = cli(repo, "git-commit", "--tid", tid, "-m", "later",
-               env={"AGENT2PC_CRASH_AT": "commit.after_decision"})
-    assert proc.returncode == 137
-    wait_for_dead_coordinators_git(repo)
+    repo, old, tid = killed_after_the_decision(tmp_path)
     lock = repo / ".git" / "refs" / "heads" / "main.lock"
     os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL))  # stale: a git killed hard
     started = time.monotonic()

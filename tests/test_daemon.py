@@ -422,3 +422,28 @@ def test_the_daemon_pages_the_list_as_the_library_does(root: str) -> None:
             client.transactions(limit=0)
         client.close()
     direct.close()
+
+
+@pytest.mark.parametrize("how", ["removed", "moved"])
+def test_a_daemon_whose_workspace_is_removed_or_moved_stops_by_itself(tmp_path: Any,
+                                                                       how: str) -> None:
+    """Nobody can reach a daemon whose socket is no longer at its path, and its engine's root
+    may be gone: it stops (within a poll of its listener) instead of running on until the
+    machine stops (seen: daemons of deleted test workspaces, still waking 6 times a second)."""
+    import shutil
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    Agent2PC.init(root).close()
+    daemon = DaemonProc(str(root))
+    try:
+        assert daemon.proc.poll() is None
+        if how == "removed":
+            shutil.rmtree(root)
+        else:
+            root.rename(tmp_path / "elsewhere")
+        assert daemon.wait_dead(timeout=10) == 0
+        assert daemon.proc.stderr is not None
+        assert "its socket is gone" in daemon.proc.stderr.read().decode()
+    finally:
+        daemon.stop()

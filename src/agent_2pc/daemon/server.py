@@ -131,6 +131,10 @@ class Daemon:
                 try:
                     conn, _ = self.listener.accept()
                 except socket.timeout:
+                    if self._socket_gone():
+                        print("agent-2pc daemon: its socket is gone (the workspace was removed "
+                              "or moved): stopping", file=sys.stderr, flush=True)
+                        break
                     continue
                 except InterruptedError:
                     continue
@@ -138,6 +142,15 @@ class Daemon:
                 threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
         finally:
             self.close()
+
+    def _socket_gone(self) -> bool:
+        """Is our socket no longer at its path (the workspace removed or moved, or the socket
+        file deleted)? No client can reach us there any more, and the engine's root may be
+        gone: a daemon left serving nobody would run until the machine stops."""
+        try:
+            return os.stat(self.socket_path).st_ino != self._inode
+        except OSError:
+            return True
 
     def close(self) -> None:
         """Stop listening, let requests in progress finish, release everything."""

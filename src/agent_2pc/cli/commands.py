@@ -94,7 +94,7 @@ def run_stage_write(ctx: Any, args: dict[str, Any]) -> dict[str, Any]:
     if args["content"] is not None:
         return tx.stage_write(args["path"], args["content"].encode("utf-8", "surrogateescape"),
                               mode=args["mode"])
-    from .inputs import open_source
+    from ..sources import open_source
 
     fd = 0 if args["stdin"] else open_source(args["from_file"])
     try:

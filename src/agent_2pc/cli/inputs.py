@@ -1,8 +1,8 @@
 """What the options name: input files (or ``-`` for stdin) and JSON values.
 
-Every option that reads a file goes through ``open_source`` (a missing file, a directory, a
-name too long: ``usage``); every option that carries JSON, inline or in a file, through
-``load_json`` (core/jsonin.py: bounded size and depth, UTF-8, no NaN).
+Every option that reads a file goes through ``open_source`` (sources.py: a missing file, a
+directory, a name too long: ``usage``); every option that carries JSON, inline or in a file,
+through ``load_json`` (core/jsonin.py: bounded size and depth, UTF-8, no NaN).
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ if TYPE_CHECKING:
     from typing import Any, Callable
 
     from ..errors import Agent2PCError
-
-
-__all__ = ["open_source", "read_input", "load_json"]
 
 
 def read_input(path: str, what: str = "", limit: int | None = None) -> bytes:

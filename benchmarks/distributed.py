@@ -197,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     reps, clients = (2, 2) if args.smoke else (args.reps, args.clients)
     with BenchDir("distributed") as d:
-        with server_2pc(d.path) as (dsn, server):
+        with server_2pc() as (dsn, server):
             result = measure(dsn, d.path, reps, clients)
             log("stage_sql + commit vs psycopg")
             result["stage_sql_vs_psycopg"] = measure_stage_sql(

@@ -64,22 +64,27 @@ def start_cluster(path: str) -> tuple[str, list[str]]:
 
 
 @contextlib.contextmanager
-def server_2pc(workdir: str) -> Iterator[tuple[str, str]]:
+def server_2pc() -> Iterator[tuple[str, str]]:
     """(DSN, what it is) of a server with max_prepared_transactions on:
-    $AGENT2PC_BENCH_POSTGRES_2PC_DSN, else a throwaway cluster in ``workdir``/pg, stopped at
-    the end."""
+    $AGENT2PC_BENCH_POSTGRES_2PC_DSN, else a throwaway cluster, stopped and removed at the end.
+    The cluster lives in the system's temp dir, as tests/pg_cluster.py's does (what it is
+    names the dir): run as root, initdb runs as the postgres user, who cannot go through a
+    private parent of the benchmark's own dir (a checkout in ``mktemp -d``)."""
     dsn = os.environ.get("AGENT2PC_BENCH_POSTGRES_2PC_DSN")
     if dsn:
         yield dsn, "given"
         return
-    pg = os.path.join(workdir, "pg")
-    os.makedirs(pg)
-    os.chmod(workdir, 0o755)  # the postgres user goes through it to its data
-    dsn, stop = start_cluster(pg)
+    import tempfile
+
+    pg = tempfile.mkdtemp(prefix="a2pc-bench-pg-")
     try:
-        yield dsn, "throwaway cluster, fsync on"
+        dsn, stop = start_cluster(pg)
+        try:
+            yield dsn, f"throwaway cluster in {pg}, fsync on"
+        finally:
+            subprocess.run(stop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     finally:
-        subprocess.run(stop, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        shutil.rmtree(pg, ignore_errors=True)
 
 
 def measure(dsn: str, ws: str, reps: int) -> dict:
@@ -152,7 +157,7 @@ def main() -> None:
     args = ap.parse_args()
     reps = 3 if args.smoke else args.reps
     with BenchDir("sql") as d:
-        with server_2pc(d.path) as (dsn, server):
+        with server_2pc() as (dsn, server):
             result = measure(dsn, os.path.join(d.path, "ws"), reps)
         emit({"benchmark": "stage_sql", "reps": reps, "server": server,
               "statements": "INSERT one row; UPDATE it", "file": "one file written with it",
